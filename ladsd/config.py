@@ -1,0 +1,129 @@
+"""Frozen configuration dataclasses and named profiles.
+
+Names follow lads-spec.md: ``H`` is ``headroom_blocks``, ``l`` is
+``lease_lifetime_s``, ``R`` is ``rate_bytes_per_s``, ``h`` is ``FRAME_OVERHEAD``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+FRAME_HEADER_BYTES = 1024
+FRAME_OVERHEAD = 4 + FRAME_HEADER_BYTES  # h = 1028 framing bytes per result
+
+
+def ladsd_home() -> Path:
+    """The ladsd cache dir: ``$LADSD_HOME`` or ``~/.cache/ladsd``."""
+    return Path(os.environ.get("LADSD_HOME", Path.home() / ".cache" / "ladsd"))
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # torch missing or broken: treat as CPU
+        return False
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How the embedded vLLM engine is built."""
+
+    model: str = "smollm2-135m"  # a profile name from ladsd.engine.models
+    max_num_seqs: int = 8  # m
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 4096
+    block_size: int | None = None  # None: 32 on CPU (CPU attention), 16 on GPU
+    num_gpu_blocks_override: int | None = None  # sizes the KV pool
+    enable_prefix_caching: bool = True
+    enforce_eager: bool | None = None  # None: on for CPU
+    async_scheduling: bool = False
+    seed: int = 0
+    dtype: str = "auto"
+    kv_cache_memory_bytes: int | None = None  # CPU: KV cache space
+    gpu_memory_utilization: float = 0.85
+    scheduler_cls: str = "ladsd.engine.leases.LeaseScheduler"
+
+    def resolved_block_size(self) -> int:
+        if self.block_size is not None:
+            return self.block_size
+        return 16 if has_cuda() else 32
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """The token-bucket paced localhost TCP return link (spec section 2)."""
+
+    rate_bytes_per_s: float = 4000.0  # R: 32 kbit/s
+    bucket_bytes: int = 512  # depth: at most one write chunk
+    window: int = 4  # committed frames not yet completely received
+    codec: str = "identity"  # or "gzip6"
+    max_payload_bytes: int = 16 * 1024 * 1024
+    host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class LeaseConfig:
+    """Prefix-lease parameters (spec section 3)."""
+
+    enabled: bool = True
+    headroom_blocks: int = 2048  # H
+    lease_lifetime_s: float = 8.0  # l
+    tick_s: float = 0.1  # budget evaluation period
+    theta: float = 0.75  # turnover override threshold U >= theta * C
+    record_max_age_s: float = 1.0  # sender-side validity: at most 1 s old
+    kappa_s: float | None = None  # None: measured once at engine start
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """Token quantities and timing of the workloads (spec section 5)."""
+
+    n_workflows: int = 16
+    calls_per_workflow: int = 6
+    history_tokens: tuple[int, ...] = (8192, 12288, 20480, 22528)
+    context_tokens: int = 32768
+    output_tokens: int = 64
+    cohort: int = 8
+    cohort_gap_s: float = 0.05
+    cohort_limit_s: float = 60.0
+    arrival_spread_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named, complete run configuration."""
+
+    name: str
+    engine: EngineConfig
+    link: LinkConfig
+    lease: LeaseConfig
+    workload: WorkloadConfig
+    notes: str = ""
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def with_(self, **kw) -> Profile:
+        return replace(self, **kw)
+
+
+PROFILES: dict[str, Profile] = {
+    "smoke": Profile(
+        name="smoke",
+        engine=EngineConfig(model="tiny", max_model_len=2048, num_gpu_blocks_override=96),
+        link=LinkConfig(rate_bytes_per_s=64000.0),
+        lease=LeaseConfig(headroom_blocks=8, lease_lifetime_s=8.0),
+        workload=WorkloadConfig(
+            n_workflows=4,
+            calls_per_workflow=3,
+            history_tokens=(128, 192, 256, 320),
+            context_tokens=2048,
+            output_tokens=8,
+            cohort=4,
+            arrival_spread_s=0.2,
+        ),
+        notes="CI smoke: tiny dummy-weight shape, 4 workflows x 3 calls.",
+    ),
+}

@@ -1,0 +1,60 @@
+"""The one small interface every delivery policy implements.
+
+The sender calls :meth:`Policy.choose` whenever the in-flight window has room
+and at least one ready, uncommitted result exists. Only the returned item is
+committed; nothing else a policy computes while choosing has any effect
+("a preview that is not committed changes nothing").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ladsd.engine.records import ContinuationId, EngineState
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One ready, uncommitted result in F(t), as the sender knows it."""
+
+    cid: ContinuationId
+    ready_time: float  # r_i
+    payload_bytes: int  # p_i, after the codec
+    frame_bytes: int  # h + p_i
+    prefix_digest: str
+    payload_digest: str
+    workflow_arrival: float  # arrival of the workflow (Tail-aware: oldest first)
+    prompt_tokens: int  # full-prompt tokens of the continuation (Tail-aware estimate)
+
+
+@dataclass(frozen=True)
+class SenderView:
+    """What the sender knows at decision time besides the pending set."""
+
+    q_b: int  # committed bytes not yet on the wire
+    rate: float  # R, bytes/s
+    overhead: int  # h
+    state: EngineState | None  # latest engine state the sender accepted
+    state_seq_before: int  # seq of the state accepted before ``state`` (-1: none)
+
+
+class Policy(Protocol):
+    name: str
+
+    def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending:
+        """Return the item to commit next (``pending`` is non-empty)."""
+        ...
+
+    def on_commit(self, item: Pending, now: float) -> None:
+        """Called once the sender commits ``item``."""
+        ...
+
+    def on_complete(self, cid: ContinuationId, output_tokens: int, now: float) -> None:
+        """Called when the engine finishes the continuation's model call."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """Counters (promotions, fallbacks, ...) for the run summary."""
+        ...

@@ -1,0 +1,207 @@
+"""Messages crossing between the engine thread and the asyncio side.
+
+Two directions, nothing else crosses (architecture.md):
+
+* sender -> engine: :class:`SenderInventory`, the causal inventory of pending
+  results (FIFO order, payload bytes, ``Q_B``) and :class:`HistoryNotice`, the
+  token history of a continuation announced at readiness;
+* engine -> sender: :class:`EngineState`, one frozen, timestamped snapshot
+  published after every step and every lease change, carrying the
+  version-bound :class:`LeaseRecord` s and budget-denial events.
+
+All are frozen dataclasses; :func:`check_record` is the sender-side validity
+rule of spec section 3.4 as a pure function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+@dataclass(frozen=True, order=True)
+class ContinuationId:
+    """Identity of a continuation: (workflow, turn, version)."""
+
+    workflow: str
+    turn: int
+    version: int = 0
+
+    def key(self) -> str:
+        return f"{self.workflow}/{self.turn}/{self.version}"
+
+
+class Phase(str, Enum):
+    """Where a result is on the return path."""
+
+    PENDING = "pending"  # ready, uncommitted: in F(t)
+    COMMITTED = "committed"  # transport order fixed, not yet completely received
+    RECEIVED = "received"  # completely received and registered with the engine
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class HistoryNotice:
+    """A continuation's history, announced at readiness (before the sender sees it).
+
+    ``token_ids`` is everything before the new observation; the engine hashes
+    it with its own block hasher to find the resident prefix ``P_i``.
+    """
+
+    cid: ContinuationId
+    token_ids: tuple[int, ...]
+    prefix_digest: str
+    payload_digest: str
+    ready_time: float
+    payload_bytes: int
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True)
+class InventoryItem:
+    cid: ContinuationId
+    phase: Phase
+    payload_bytes: int  # p_i (frame payload, after the codec)
+    ready_time: float  # r_i
+
+
+@dataclass(frozen=True)
+class SenderInventory:
+    """The sender's causal inventory, published at readiness and on every change.
+
+    ``items`` are in FIFO (ready-time) order; ``q_b`` is committed bytes not
+    yet on the wire; ``rate`` is R in bytes/s; ``overhead`` is h.
+    """
+
+    time: float
+    items: tuple[InventoryItem, ...]
+    q_b: int
+    rate: float
+    overhead: int = 1028
+
+    def pending(self) -> tuple[InventoryItem, ...]:
+        return tuple(i for i in self.items if i.phase is Phase.PENDING)
+
+
+class LeaseStatus(str, Enum):
+    GRANTED = "granted"
+    HANDED_OFF = "handed_off"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """A version-bound lease record (spec 3.4)."""
+
+    cid: ContinuationId
+    prefix_digest: str
+    payload_digest: str
+    protected_blocks: tuple[int, ...]  # block ids of P_i held by this lease
+    exclusive_blocks: int  # |E_i|
+    granted_at: float  # g_i (first grant)
+    deadline: float  # d_i = g_i + l
+    generation: int  # budget generation at publication
+    status: LeaseStatus = LeaseStatus.GRANTED
+    committed_before_grant: bool = False  # grant recorded after commitment?
+
+
+@dataclass(frozen=True)
+class DenialEvent:
+    """A feasible i in N(t) refused because U + Delta_i > B."""
+
+    cid: ContinuationId
+    time: float
+    generation: int
+    delta: int
+    budget: int
+    used: int
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """Snapshot published from the engine thread (spec 3.4).
+
+    ``resident`` maps each announced pending continuation to ``|P_i|`` (0 =
+    cold); ``leases`` holds the active leases; ``denials`` the denial events
+    of the current generation.
+    """
+
+    time: float
+    seq: int
+    generation: int
+    U: int = 0
+    B: int = 0
+    C: int = 0
+    F: int = 0
+    w: int = 0  # waiting requests (preempted included)
+    a: int = 0  # running requests
+    m: int = 8  # max_num_seqs
+    total_blocks: int = 0
+    kappa: float = 0.0
+    leases: tuple[LeaseRecord, ...] = ()
+    denials: tuple[DenialEvent, ...] = ()
+    resident: tuple[tuple[ContinuationId, int], ...] = ()
+    counters: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+
+    def lease_for(self, cid: ContinuationId) -> LeaseRecord | None:
+        for rec in self.leases:
+            if rec.cid == cid:
+                return rec
+        return None
+
+    def resident_blocks(self, cid: ContinuationId) -> int | None:
+        """|P_i| as last published, or None if the engine has not seen ``cid``."""
+        for c, n in self.resident:
+            if c == cid:
+                return n
+        return None
+
+
+class RecordInvalid(str, Enum):
+    IDENTITY = "identity"
+    DIGEST = "digest"
+    STALE = "stale"
+    FUTURE = "future"
+    DUPLICATE = "duplicate"
+    ORDER = "order"
+    GENERATION = "generation"
+
+
+def check_record(
+    state: EngineState,
+    record: LeaseRecord | None,
+    *,
+    cid: ContinuationId,
+    prefix_digest: str,
+    payload_digest: str,
+    now: float,
+    last_seq: int,
+    max_age_s: float = 1.0,
+) -> RecordInvalid | None:
+    """Sender-side validity of ``record`` within ``state`` (spec 3.4).
+
+    Returns None if the record may be used for this decision, else the first
+    rule it breaks. ``last_seq`` is the highest state sequence number the
+    sender accepted before; a state at or below it is a duplicate (equal) or
+    out of order (lower). Callers pass ``last_seq=-1`` to skip that rule when
+    re-reading the state they already accepted in this decision.
+    """
+    if record is None or record.cid != cid:
+        return RecordInvalid.IDENTITY
+    if record.prefix_digest != prefix_digest or record.payload_digest != payload_digest:
+        return RecordInvalid.DIGEST
+    if state.time > now + 1e-6:
+        return RecordInvalid.FUTURE
+    if now - state.time > max_age_s:
+        return RecordInvalid.STALE
+    if last_seq >= 0 and state.seq == last_seq:
+        return RecordInvalid.DUPLICATE
+    if last_seq >= 0 and state.seq < last_seq:
+        return RecordInvalid.ORDER
+    if record.generation != state.generation:
+        return RecordInvalid.GENERATION
+    if any(d.generation != state.generation for d in state.denials):
+        return RecordInvalid.GENERATION
+    return None

@@ -1,0 +1,32 @@
+"""Scheduler mixin that stamps ``n``: first step with positive new-token work.
+
+vLLM reports when a request finished but not when its work was first
+allocated; the spec's receipt-to-allocation stage needs that moment, so the
+scheduler records it right after ``schedule()`` succeeds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ladsd import clock
+
+
+class StampMixin:
+    """Records ``first_alloc[req_id] = clock.now()`` on the first positive schedule."""
+
+    first_alloc: dict[str, float]
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        if not hasattr(self, "first_alloc"):
+            self.first_alloc = {}
+        t = clock.now()
+        for req_id, n in out.num_scheduled_tokens.items():
+            if n > 0 and req_id not in self.first_alloc:
+                self.first_alloc[req_id] = t
+        return out
+
+    def pop_first_alloc(self, req_id: str) -> float | None:
+        """Take the stamp of a finished request (keeps the dict bounded)."""
+        return getattr(self, "first_alloc", {}).pop(req_id, None)
