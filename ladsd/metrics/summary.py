@@ -1,0 +1,237 @@
+"""Per-run figures and cross-policy reductions (spec section 6), as pure functions.
+
+Definitions used everywhere in ladsd:
+
+* workflow latency = termination - arrival (every model call and tool wait);
+* P95 is the *nearest-rank* percentile: the ceil(0.95 n)-th smallest of the
+  n workflow latencies (an observed value, never interpolated);
+* makespan = last termination - first arrival;
+* stage means are taken over continuations (non-cold calls) that have both
+  stamps of the stage: s-r, c-s, n-c, f-n;
+* a reduction is ``100 (T_base - T_cand) / T_base`` per matched seed, then
+  averaged over seeds (positive = the candidate is faster).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ladsd.metrics.events import POLICIES, CallRecord, LeaseSample, RunRecord
+
+# Stage name -> (later stamp, earlier stamp); names match ladsd.clock.Stamps.stages().
+STAGES: dict[str, tuple[str, str]] = {
+    "sender_wait": ("s", "r"),
+    "queue_transfer": ("c", "s"),
+    "receipt_to_alloc": ("n", "c"),
+    "resumed_inference": ("f", "n"),
+}
+
+
+class AuditError(RuntimeError):
+    """A run whose lease references do not balance (spec 3.3 audit)."""
+
+
+def latencies(run: RunRecord) -> dict[str, float]:
+    """Complete-workflow latency per workflow id."""
+    return {w.workflow: w.termination - w.arrival for w in run.workflows}
+
+
+def mean(values: Iterable[float]) -> float:
+    v = list(values)
+    if not v:
+        raise ValueError("mean of no values")
+    return math.fsum(v) / len(v)
+
+
+def nearest_rank(values: Iterable[float], q: int) -> float:
+    """The ceil(q n / 100)-th smallest value (1-based), for an integer percent 0 < q <= 100.
+
+    Integer arithmetic, so e.g. q=95, n=20 is exactly rank 19 (no float rounding).
+    """
+    if not (isinstance(q, int) and 0 < q <= 100):
+        raise ValueError(f"percent must be an integer in 1..100, got {q!r}")
+    v = sorted(values)
+    if not v:
+        raise ValueError("percentile of no values")
+    rank = -(-q * len(v) // 100)  # ceil(q n / 100) >= 1
+    return v[rank - 1]
+
+
+def p95(values: Iterable[float]) -> float:
+    return nearest_rank(values, 95)
+
+
+def mean_latency(run: RunRecord) -> float:
+    return mean(latencies(run).values())
+
+
+def p95_latency(run: RunRecord) -> float:
+    return p95(latencies(run).values())
+
+
+def makespan(run: RunRecord) -> float:
+    if not run.workflows:
+        raise ValueError("makespan of a run without workflows")
+    return max(w.termination for w in run.workflows) - min(w.arrival for w in run.workflows)
+
+
+def continuations(run: RunRecord) -> list[CallRecord]:
+    return [c for w in run.workflows for c in w.calls if not c.is_cold]
+
+
+def stage_means(calls: Iterable[CallRecord]) -> dict[str, float | None]:
+    """Mean of each stage over the non-cold calls that have both of its stamps (None: none)."""
+    out: dict[str, float | None] = {}
+    cont = [c for c in calls if not c.is_cold]
+    for name, (hi, lo) in STAGES.items():
+        d = [
+            getattr(c, hi) - getattr(c, lo)
+            for c in cont
+            if getattr(c, hi) is not None and getattr(c, lo) is not None
+        ]
+        out[name] = math.fsum(d) / len(d) if d else None
+    return out
+
+
+def cached_prompt_tokens(run: RunRecord) -> int:
+    """Prompt tokens the engine served from its prefix cache, summed over all calls."""
+    return sum(c.cached_tokens for w in run.workflows for c in w.calls)
+
+
+def block_seconds(samples: Sequence[LeaseSample]) -> float:
+    """Time integral of U over the timeline; U holds its value until the next sample."""
+    s = sorted(samples, key=lambda x: x.t)
+    return math.fsum(a.U * (b.t - a.t) for a, b in zip(s, s[1:], strict=False))
+
+
+def audit(run: RunRecord) -> None:
+    """Raise :class:`AuditError` unless added lease references equal released ones."""
+    where = f"run {run.policy}/{run.workload}/seed {run.seed}"
+    missing = [k for k in ("refs_added", "refs_released") if k not in run.counters]
+    if missing:
+        raise AuditError(f"{where}: counters lack {', '.join(missing)}; cannot audit leases")
+    added, released = run.counters["refs_added"], run.counters["refs_released"]
+    if added != released:
+        raise AuditError(
+            f"{where}: lease references added {added:g} != released {released:g} "
+            f"({added - released:+g} leaked)"
+        )
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The figures of one run."""
+
+    policy: str
+    workload: str
+    profile: str
+    seed: int
+    workflows: int
+    continuations: int
+    mean_s: float
+    p95_s: float
+    makespan_s: float
+    stages: dict[str, float | None]
+    cached_prompt_tokens: int
+    counters: dict[str, float]
+
+
+def summarize(run: RunRecord) -> Summary:
+    lat = list(latencies(run).values())
+    return Summary(
+        policy=run.policy,
+        workload=run.workload,
+        profile=run.profile,
+        seed=run.seed,
+        workflows=len(lat),
+        continuations=len(continuations(run)),
+        mean_s=mean(lat),
+        p95_s=p95(lat),
+        makespan_s=makespan(run),
+        stages=stage_means(c for w in run.workflows for c in w.calls),
+        cached_prompt_tokens=cached_prompt_tokens(run),
+        counters=dict(run.counters),
+    )
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def reduction(t_base: float, t_cand: float) -> float:
+    """``100 (T_base - T_cand) / T_base``: percent by which the candidate is faster."""
+    if not (t_base > 0 and math.isfinite(t_base)):
+        raise ValueError(f"baseline value must be positive and finite, got {t_base!r}")
+    return 100.0 * (t_base - t_cand) / t_base
+
+
+@dataclass(frozen=True)
+class Reduction:
+    candidate: str
+    baseline: str
+    per_seed: dict[int, float]  # seed -> percent
+    mean: float  # average of per_seed
+
+
+def by_seed(policy: str, runs: Sequence[RunRecord]) -> dict[int, RunRecord]:
+    """Index one policy's runs by seed; a duplicate seed or a foreign run is an error."""
+    out: dict[int, RunRecord] = {}
+    for r in runs:
+        if r.policy != policy:
+            raise ValueError(f"run of policy {r.policy!r} listed under {policy!r}")
+        if r.seed in out:
+            raise ValueError(f"policy {policy!r} has two runs with seed {r.seed}")
+        out[r.seed] = r
+    return out
+
+
+def group(runs: Iterable[RunRecord]) -> dict[str, list[RunRecord]]:
+    """policy -> its runs (sorted by seed), the shape :func:`reductions` and tables take."""
+    out: dict[str, list[RunRecord]] = {}
+    for r in runs:
+        out.setdefault(r.policy, []).append(r)
+    return {p: sorted(out[p], key=lambda r: r.seed) for p in ordered(out)}
+
+
+def ordered(policies: Iterable[str]) -> list[str]:
+    """Known policies in table order (POLICIES), then any others alphabetically."""
+    p = set(policies)
+    return [x for x in POLICIES if x in p] + sorted(p - set(POLICIES))
+
+
+def reductions(
+    runs: Mapping[str, Sequence[RunRecord]],
+    candidate: str = "lads",
+    baselines: Sequence[str] | None = None,
+    metric: Callable[[RunRecord], float] = mean_latency,
+) -> dict[str, Reduction]:
+    """Reductions of ``candidate`` vs each baseline, per matched seed and averaged.
+
+    ``baselines=None`` compares against every other policy in ``runs``. The
+    candidate and each baseline must have exactly the same seeds, and all runs
+    the same workload; anything else raises ``ValueError``.
+    """
+    if candidate not in runs:
+        raise ValueError(f"no runs for candidate policy {candidate!r}")
+    names = [p for p in ordered(runs) if p != candidate] if baselines is None else baselines
+    cand = by_seed(candidate, runs[candidate])
+    if not cand:
+        raise ValueError(f"candidate {candidate!r} has no runs")
+    workloads = {r.workload for r in cand.values()}
+    out: dict[str, Reduction] = {}
+    for b in names:
+        if b not in runs:
+            raise ValueError(f"no runs for baseline policy {b!r}")
+        base = by_seed(b, runs[b])
+        if set(base) != set(cand):
+            raise ValueError(
+                f"seeds differ: {candidate} has {sorted(cand)}, {b} has {sorted(base)}; "
+                "reductions need matched seeds"
+            )
+        workloads |= {r.workload for r in base.values()}
+        if len(workloads) > 1:
+            raise ValueError(f"runs of different workloads compared: {sorted(workloads)}")
+        per = {s: reduction(metric(base[s]), metric(cand[s])) for s in sorted(cand)}
+        out[b] = Reduction(candidate, b, per, mean(per.values()))
+    return out

@@ -1,0 +1,257 @@
+"""Tables of run figures: rich for the terminal, markdown / plain text for files.
+
+Every table is first built as a :class:`Grid` of already formatted strings,
+then rendered; the terminal and the committed markdown therefore show the
+same numbers.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from ladsd.metrics.events import RunRecord
+from ladsd.metrics.summary import (
+    Reduction,
+    Summary,
+    by_seed,
+    makespan,
+    mean,
+    mean_latency,
+    ordered,
+    p95_latency,
+    reductions,
+)
+
+CANDIDATE = "lads"
+BASELINES = ("fifo", "size-first", "tail-release")
+ABLATION = ("cache-first-noleases", "turnover-off")
+REFERENCE = "infinite-cache"
+
+LABELS = {
+    "fifo": "FIFO",
+    "size-first": "Size-first",
+    "tail-release": "Tail-aware",
+    "cache-first": "Cache-first",
+    "cache-first-noleases": "Cache-first (no leases)",
+    "turnover-off": "Turnover-off",
+    "lads": "LADS",
+    "infinite-cache": "Infinite cache (reference)",
+}
+
+
+def label(policy: str) -> str:
+    return LABELS.get(policy, policy)
+
+
+@dataclass(frozen=True)
+class Grid:
+    title: str
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+def _f(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _n(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.2f}"
+
+
+# ---------------------------------------------------------------- per run
+
+_RUN_COUNTERS = {
+    "grants": "grants",
+    "handoffs": "handoffs",
+    "expiries": "expiries",
+    "revocations": "revoked",
+    "promotions": "promoted",
+    "preemptions": "preempted",
+    "protection_block_seconds": "U·s",
+    "controller_cpu_s": "ctrl CPU s",
+}
+
+
+def run_grid(summaries: Sequence[Summary], title: str = "Runs") -> Grid:
+    """One row per run: latency figures, stage means, cached tokens, main counters."""
+    headers = (
+        "policy",
+        "seed",
+        "wf",
+        "mean s",
+        "P95 s",
+        "makespan s",
+        "s-r",
+        "c-s",
+        "n-c",
+        "f-n",
+        "cached tok",
+        *_RUN_COUNTERS.values(),
+    )
+    rows = []
+    for s in summaries:
+        st = s.stages
+        rows.append(
+            (
+                s.policy,
+                str(s.seed),
+                str(s.workflows),
+                _f(s.mean_s),
+                _f(s.p95_s),
+                _f(s.makespan_s),
+                _f(st["sender_wait"], 3),
+                _f(st["queue_transfer"], 3),
+                _f(st["receipt_to_alloc"], 3),
+                _f(st["resumed_inference"], 3),
+                str(s.cached_prompt_tokens),
+                *(_n(s.counters.get(k)) for k in _RUN_COUNTERS),
+            )
+        )
+    return Grid(title, headers, tuple(rows))
+
+
+# ---------------------------------------------------------------- comparison
+
+
+@dataclass(frozen=True)
+class PolicyRow:
+    policy: str
+    seeds: tuple[int, ...]
+    mean_s: float  # per-run figures averaged over seeds
+    p95_s: float
+    makespan_s: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    workload: str
+    rows: tuple[PolicyRow, ...]
+    baselines: dict[str, Reduction]  # LADS vs FIFO, Size-first, Tail-aware (those run)
+    ablation: dict[str, Reduction]  # LADS vs Cache-first-noleases, Turnover-off
+    reference: Reduction | None  # LADS vs infinite cache (negative: gap to the ideal)
+
+
+def compare(runs: Mapping[str, Sequence[RunRecord]]) -> Comparison:
+    """The paper-style comparison of whichever policies ``runs`` holds (policy -> runs)."""
+    rows = []
+    for p in ordered(runs):
+        idx = by_seed(p, runs[p])
+        if not idx:
+            raise ValueError(f"policy {p!r} has no runs")
+        rs = [idx[s] for s in sorted(idx)]
+        rows.append(
+            PolicyRow(
+                p,
+                tuple(sorted(idx)),
+                mean(mean_latency(r) for r in rs),
+                mean(p95_latency(r) for r in rs),
+                mean(makespan(r) for r in rs),
+            )
+        )
+    workloads = sorted({r.workload for rs in runs.values() for r in rs})
+    if len(workloads) != 1:
+        raise ValueError(f"a comparison needs runs of one workload, got {workloads}")
+    have = CANDIDATE in runs
+
+    def red(names: Sequence[str]) -> dict[str, Reduction]:
+        present = [b for b in names if b in runs]
+        return reductions(runs, CANDIDATE, present) if have and present else {}
+
+    ref = red([REFERENCE]).get(REFERENCE)
+    return Comparison(workloads[0], tuple(rows), red(BASELINES), red(ABLATION), ref)
+
+
+def _red_grid(title: str, reds: Mapping[str, Reduction]) -> Grid:
+    seeds = sorted({s for r in reds.values() for s in r.per_seed})
+    rows = tuple(
+        (
+            f"{label(r.candidate)} vs {label(b)}",
+            *(_f(r.per_seed.get(s), 1) for s in seeds),
+            _f(r.mean, 1),
+        )
+        for b, r in reds.items()
+    )
+    return Grid(title, ("reduction %", *(f"seed {s}" for s in seeds), "mean"), rows)
+
+
+def comparison_grids(comp: Comparison) -> list[Grid]:
+    """Latency per policy, LADS reductions vs baselines, ablation, infinite-cache gap."""
+    by = {r.policy: r for r in comp.rows}
+    grids = [
+        Grid(
+            f"Complete-workflow latency ({comp.workload}; averaged over seeds)",
+            ("policy", "seeds", "mean s", "P95 s", "makespan s"),
+            tuple(
+                (label(r.policy), str(len(r.seeds)), _f(r.mean_s), _f(r.p95_s), _f(r.makespan_s))
+                for r in comp.rows
+            ),
+        )
+    ]
+    if comp.baselines:
+        grids.append(_red_grid("LADS mean-latency reduction vs baselines", comp.baselines))
+    if comp.ablation:
+        names = [p for p in (*ABLATION, CANDIDATE) if p in by]
+        grids.append(
+            Grid(
+                "Ablation (mean latency s)",
+                ("policy", "mean s", "LADS reduction % (mean)"),
+                tuple(
+                    (
+                        label(p),
+                        _f(by[p].mean_s),
+                        _f(comp.ablation[p].mean, 1) if p in comp.ablation else "-",
+                    )
+                    for p in names
+                ),
+            )
+        )
+    if comp.reference is not None:
+        grids.append(
+            _red_grid(
+                "LADS vs infinite-cache reference (negative: gap)", {REFERENCE: comp.reference}
+            )
+        )
+    return grids
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def rich_table(grid: Grid) -> Table:
+    t = Table(title=grid.title)
+    for i, h in enumerate(grid.headers):
+        t.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+    for row in grid.rows:
+        t.add_row(*row)
+    return t
+
+
+def text(grids: Sequence[Grid], width: int = 400) -> str:
+    """Plain text (no colour codes); tables keep their natural width up to ``width``."""
+    buf = io.StringIO()
+    con = Console(file=buf, width=width, color_system=None, force_terminal=False)
+    for g in grids:
+        con.print(rich_table(g))
+    return buf.getvalue()
+
+
+def markdown(grids: Sequence[Grid]) -> str:
+    """GitHub markdown: a bold title line and a pipe table per grid."""
+    out = []
+    for g in grids:
+        align = ["---", *["---:"] * (len(g.headers) - 1)]
+        lines = [f"**{g.title}**", "", _md_row(g.headers), _md_row(align)]
+        lines += [_md_row(r) for r in g.rows]
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + "\n"
+
+
+def _md_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
