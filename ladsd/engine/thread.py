@@ -163,26 +163,38 @@ class EngineThread:
             )
         return [int(t) for t in items]
 
-    async def generate(
+    def submit(
         self,
         prompt: Prompt,
         params: Any,
         *,
         request_id: str | None = None,
         cid: ContinuationId | None = None,
-    ) -> AsyncIterator[Any]:
-        """Stream vLLM ``RequestOutput`` s for one request (cumulative outputs).
+    ) -> str:
+        """Register a request with the engine now (stamps ``a``); return its id.
 
-        Raises :class:`EngineError` if the engine rejects the request or fails
-        while running it; the engine thread itself keeps running.
+        Synchronous on purpose: the receiver registers continuations in receipt
+        order, so nothing may be awaited between receipt and registration.
+        Consume the outputs with :meth:`stream` or :meth:`result`.
         """
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._live:
             raise EngineError(f"request id {rid!r} is already in flight")
         ids = self.tokens(prompt)
-        live = _Live(out=asyncio.Queue(), a=clock.now())
-        self._live[rid] = live
+        self._live[rid] = _Live(out=asyncio.Queue(), a=clock.now())
         self._cmds.put((_AddRequest(rid, ids, params, cid), None))
+        return rid
+
+    async def stream(self, rid: str) -> AsyncIterator[Any]:
+        """Cumulative vLLM ``RequestOutput`` s of a submitted request.
+
+        Raises :class:`EngineError` if the engine rejects the request or fails
+        while running it; the engine thread itself keeps running. Leaving the
+        stream early aborts the request.
+        """
+        live = self._live.get(rid)
+        if live is None:
+            raise EngineError(f"unknown request id {rid!r}")
         try:
             while True:
                 item = await live.out.get()
@@ -195,17 +207,17 @@ class EngineThread:
             if self._live.pop(rid, None) is not None and self.alive:
                 self._cmds.put((_Abort(rid), None))
 
-    async def complete(self, prompt: Prompt, params: Any, **kw: Any) -> Completion:
-        """Run one request to the end and return it with its timestamps."""
+    async def result(self, rid: str) -> Completion:
+        """Wait for a submitted request to finish; return it with its timestamps."""
         last = None
-        async for out in self.generate(prompt, params, **kw):
+        async for out in self.stream(rid):
             last = out
-        if last is None:
-            raise EngineError("request produced no output")
+        if last is None or not last.finished:
+            raise EngineError(f"request {rid} ended without a result (aborted)")
         a, n, f = last._ladsd_stamps
         comp = last.outputs[0]
         return Completion(
-            request_id=last.request_id,
+            request_id=rid,
             prompt_token_ids=tuple(last.prompt_token_ids or ()),
             token_ids=tuple(comp.token_ids),
             text=comp.text,
@@ -215,6 +227,16 @@ class EngineThread:
             n=n,
             f=f,
         )
+
+    async def generate(self, prompt: Prompt, params: Any, **kw: Any) -> AsyncIterator[Any]:
+        """Submit and stream (see :meth:`submit` and :meth:`stream`)."""
+        rid = self.submit(prompt, params, **kw)
+        async for out in self.stream(rid):
+            yield out
+
+    async def complete(self, prompt: Prompt, params: Any, **kw: Any) -> Completion:
+        """Submit and wait for the result (see :meth:`submit` and :meth:`result`)."""
+        return await self.result(self.submit(prompt, params, **kw))
 
     async def abort(self, request_id: str) -> None:
         live = self._live.pop(request_id, None)
