@@ -38,8 +38,13 @@ async def run(model: str, prefill: int, decode: int) -> dict:
         t = time.perf_counter()
         await eng.complete(prompt(prefill, 1), sampling(max_tokens=1))
         prefill_s = time.perf_counter() - t
-        res = {"model": model, "startup_s": startup, "kappa_s": eng.kappa,
-               "prefill_tokens": prefill, "prefill_tok_s": prefill / prefill_s}
+        res = {
+            "model": model,
+            "startup_s": startup,
+            "kappa_s": eng.kappa,
+            "prefill_tokens": prefill,
+            "prefill_tok_s": prefill / prefill_s,
+        }
         for batch in (1, 8):
             # Short prompts, `decode` forced tokens each: (time - prefill share) / steps.
             ps = [prompt(32, 100 + batch * 10 + k) for k in range(batch)]
@@ -69,7 +74,9 @@ def main() -> None:
     t.add_row(f"prefill tok/s ({a.prefill} tokens)", f"{res['prefill_tok_s']:.0f}")
     for b in (1, 8):
         t.add_row(f"decode ms/step, batch {b}", f"{res[f'decode_ms_step_b{b}']:.1f}")
-    t.add_row("batch-8 / batch-1 step time", f"{res['decode_ms_step_b8'] / res['decode_ms_step_b1']:.2f}x")
+    t.add_row(
+        "batch-8 / batch-1 step time", f"{res['decode_ms_step_b8'] / res['decode_ms_step_b1']:.2f}x"
+    )
     Console().print(t)
     print(orjson.dumps(res).decode())
 

@@ -18,7 +18,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-model_app = typer.Typer(help="Prepare and list the models (no hub downloads).", no_args_is_help=True)
+model_app = typer.Typer(
+    help="Prepare and list the models (no hub downloads).", no_args_is_help=True
+)
 app.add_typer(model_app, name="model")
 app.add_typer(catalog_app, name="catalog")
 console = Console()
@@ -98,7 +100,9 @@ def model_list() -> None:
 
 
 def _not_yet(what: str, issue: int) -> None:
-    console.print(f"[yellow]`ladsd {what}` is not available yet[/yellow] (planned in issue {issue}).")
+    console.print(
+        f"[yellow]`ladsd {what}` is not available yet[/yellow] (planned in issue {issue})."
+    )
     raise typer.Exit(2)
 
 

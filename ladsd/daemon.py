@@ -65,11 +65,15 @@ def parse_generate(body: Any) -> tuple[Any, dict[str, Any]]:
             raise BadRequest("'prompt' must be a non-empty string or list of token ids")
     else:
         prompt = body["messages"]
-        ok = isinstance(prompt, list) and prompt and all(
-            isinstance(m, dict)
-            and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)
-            for m in prompt
+        ok = (
+            isinstance(prompt, list)
+            and prompt
+            and all(
+                isinstance(m, dict)
+                and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)
+                for m in prompt
+            )
         )
         if not ok:
             raise BadRequest("'messages' must be a non-empty list of {role, content} strings")

@@ -103,8 +103,20 @@ async def test_malformed_json_and_engine_rejection(base):
 
 def test_serve_stops_cleanly_on_sigterm(model_ready):
     port = free_port()
-    cmd = [sys.executable, "-m", "cli.main", "serve", "--model", "tiny", "--port", str(port),
-           "--kv-blocks", "64", "--max-model-len", "1024"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "serve",
+        "--model",
+        "tiny",
+        "--port",
+        str(port),
+        "--kv-blocks",
+        "64",
+        "--max-model-len",
+        "1024",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=os.environ)
     try:
         deadline = time.monotonic() + 180

@@ -53,7 +53,9 @@ async def test_repeated_prefix_hits_prefix_cache(tiny):
 
 
 async def test_abort_ends_stream_and_frees_slots(tiny):
-    stream = tiny.generate(ids(50, 3000), sampling(max_tokens=500, ignore_eos=True), request_id="ab")
+    stream = tiny.generate(
+        ids(50, 3000), sampling(max_tokens=500, ignore_eos=True), request_id="ab"
+    )
     first = await stream.__anext__()
     assert len(first.outputs[0].token_ids) >= 1
     await tiny.abort("ab")

@@ -106,6 +106,7 @@ class EngineThread:
         self.startup_s = 0.0
         self.steps = 0
         self.step_errors = 0
+        self.command_cpu_s = 0.0  # engine-thread CPU in lease commands and ticks
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> EngineThread:
@@ -351,7 +352,9 @@ class EngineThread:
             if clock.now() >= next_tick:
                 fn = getattr(self._sched, "lease_tick", None)
                 if fn is not None:
+                    t0 = time.thread_time()
                     fn()
+                    self.command_cpu_s += time.thread_time() - t0
                 next_tick = clock.now() + tick
                 changed = True
             if changed:
@@ -366,6 +369,7 @@ class EngineThread:
             if item is None:
                 return True
             fn, fut = item
+            t0 = time.thread_time()
             try:
                 res = fn(self) if isinstance(fn, _Cmd) else fn(self._sched)
                 if fut is not None:
@@ -375,6 +379,8 @@ class EngineThread:
                     self._resolve(fut, e)
                 else:
                     log.exception("engine command failed")
+            if not isinstance(fn, _Cmd):
+                self.command_cpu_s += time.thread_time() - t0
             try:
                 item = self._cmds.get_nowait()
             except queue.Empty:
@@ -477,7 +483,9 @@ class _AddRequest(_Cmd):
         if live is None:  # cancelled before it reached the engine
             return None
         try:
-            internal = eng._engine.add_request(self.rid, {"prompt_token_ids": self.ids}, self.params)
+            internal = eng._engine.add_request(
+                self.rid, {"prompt_token_ids": self.ids}, self.params
+            )
         except Exception as e:
             eng._emit(live, EngineError(f"request {self.rid} rejected: {e}"))
             return None

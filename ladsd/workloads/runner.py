@@ -1,0 +1,260 @@
+"""Run one workload instance under one policy on the real engine and link.
+
+Every workflow runs concurrently: call 0 enters the engine directly; each
+later call waits for its tool (cohort barrier or recorded service time), then
+its result travels the return link and resumes the model. Outputs are forced
+to the spec's lengths. The run ends with the lease audit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ladsd import clock
+from ladsd.config import Profile
+from ladsd.delivery import make_policy
+from ladsd.engine.params import sampling
+from ladsd.engine.records import ContinuationId
+from ladsd.engine.thread import EngineThread
+from ladsd.metrics.events import CallRecord, LeaseSample, RunRecord, WorkflowRecord, new_counters
+from ladsd.runtime import CallOutcome, Runtime
+from ladsd.workloads.cohort import Cohorts
+from ladsd.workloads.spec import WorkflowSpec, Workload
+
+REPLAY_POLICIES = (
+    "fifo",
+    "size-first",
+    "tail-release",
+    "cache-first",
+    "cache-first-noleases",
+    "turnover-off",
+    "lads",
+    "infinite-cache",
+)
+
+Progress = Callable[[str, int, int], None]  # (workflow, calls done, calls total)
+
+
+class RunFailed(RuntimeError):
+    """A run did not complete (engine error, link failure, audit mismatch)."""
+
+
+def tool_message(tokenizer: Any) -> Callable[[bytes], list[int]]:
+    """Tokens of a tool message + assistant header, appended after a model output."""
+
+    def render(obs: bytes) -> list[int]:
+        text = (
+            "\n<|im_start|>tool\n"
+            + obs.decode("utf-8", errors="replace")
+            + "<|im_end|>\n<|im_start|>assistant\n"
+        )
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    return render
+
+
+def engine_for(profile: Profile, policy: str) -> Profile:
+    """The profile a policy runs with: infinite-cache gets a pool nothing outgrows."""
+    if policy != "infinite-cache":
+        return profile
+    w = profile.workload
+    need = sum(w.history_tokens) * w.n_workflows  # generous: every history at the largest
+    blocks = need // profile.engine.resolved_block_size() * 2
+    return replace(profile, engine=replace(profile.engine, num_gpu_blocks_override=blocks))
+
+
+async def run(
+    workload: Workload,
+    profile: Profile,
+    policy_name: str,
+    progress: Progress | None = None,
+) -> RunRecord:
+    """Run ``workload`` under ``policy_name``; return the run record (audit checked)."""
+    if policy_name not in REPLAY_POLICIES:
+        raise ValueError(
+            f"unknown policy {policy_name!r}; choose from {', '.join(REPLAY_POLICIES)}"
+        )
+    prof = engine_for(profile, policy_name)
+    policy = make_policy("fifo" if policy_name == "infinite-cache" else policy_name)
+    lease = replace(prof.lease, enabled=prof.lease.enabled and policy.uses_leases)
+    link = prof.link
+    if workload.rate_bytes_per_s is not None:
+        link = replace(link, rate_bytes_per_s=workload.rate_bytes_per_s)
+    link = replace(link, codec=workload.codec)
+    async with EngineThread(prof.engine, lease) as eng:
+        rt = await Runtime(eng, policy, link).start()
+        try:
+            return await _run(workload, prof, policy_name, eng, rt, progress)
+        finally:
+            await rt.close()
+
+
+async def _run(
+    wl: Workload,
+    prof: Profile,
+    policy_name: str,
+    eng: EngineThread,
+    rt: Runtime,
+    progress: Progress | None,
+) -> RunRecord:
+    members: dict[int, int] = {}
+    for w in wl.workflows:
+        if w.cohort is not None:
+            members[w.cohort] = members.get(w.cohort, 0) + 1
+    cohorts = Cohorts(members, wl.cohort_gap_s, wl.cohort_limit_s)
+    render_tool = tool_message(eng.tokenizer)
+    total = wl.continuations + len(wl.workflows)
+    done = 0
+    cpu0 = rt.controller_cpu_s()
+    t0 = clock.now()
+
+    async def flow(w: WorkflowSpec) -> WorkflowRecord:
+        nonlocal done
+        await asyncio.sleep(max(0.0, t0 + w.arrival - clock.now()))
+        arrival = clock.now()
+        calls: list[CallRecord] = []
+        params = sampling(
+            max_tokens=w.first_output_tokens, min_tokens=w.first_output_tokens, ignore_eos=True
+        )
+        out = await rt.cold(w.prompt_ids, params, cid=ContinuationId(w.wid, 0))
+        calls.append(_record(w.wid, 0, out))
+        prompt = list(w.prompt_ids)
+        try:
+            for k, call in enumerate(w.calls, start=1):
+                done += 1
+                if progress:
+                    progress(w.wid, done, total)
+                history = prompt + list(out.completion.token_ids)
+                await cohorts.tool(w.cohort, k, call.tool_seconds)
+                suffix = call.suffix_ids
+
+                def render(obs: bytes, h=history, sfx=suffix) -> list[int]:
+                    return h + (list(sfx) if sfx is not None else render_tool(obs))
+
+                params = sampling(
+                    max_tokens=call.output_tokens, min_tokens=call.output_tokens, ignore_eos=True
+                )
+                cid = ContinuationId(w.wid, k)
+                out = await rt.resume(
+                    cid,
+                    history,
+                    call.observation,
+                    render,
+                    params,
+                    workflow_arrival=arrival,
+                )
+                prompt = list(out.completion.prompt_token_ids)
+                calls.append(_record(w.wid, k, out))
+        finally:
+            if w.cohort is not None:
+                cohorts.leave(w.cohort)
+        done += 1
+        if progress:
+            progress(w.wid, done, total)
+        return WorkflowRecord(w.wid, arrival, clock.now(), tuple(calls))
+
+    results = await asyncio.gather(*(flow(w) for w in wl.workflows), return_exceptions=True)
+    errors = [r for r in results if isinstance(r, BaseException)]
+    audit = await rt.finish()
+    if errors:
+        raise RunFailed(f"{len(errors)} workflow(s) failed; first: {errors[0]!r}") from errors[0]
+    flows = tuple(r for r in results if not isinstance(r, BaseException))
+    counters = _counters(rt, audit, flows, cpu0)
+    counters["partial_cohort_releases"] = cohorts.partial_releases
+    samples = tuple(LeaseSample(t - t0, U, B, C, F) for t, U, B, C, F in rt.timeline.samples)
+    if counters["refs_added"] != counters["refs_released"]:
+        raise RunFailed(f"lease audit failed: {audit}")
+    return RunRecord(
+        policy=policy_name,
+        workload=wl.name,
+        profile=prof.name,
+        seed=wl.seed,
+        workflows=tuple(
+            replace(
+                f,
+                arrival=f.arrival - t0,
+                termination=f.termination - t0,
+                calls=tuple(_shift(c, t0) for c in f.calls),
+            )
+            for f in flows
+        ),
+        lease_samples=samples,
+        counters=counters,
+        meta=_meta(prof, eng),
+    )
+
+
+def _record(wid: str, turn: int, out: CallOutcome) -> CallRecord:
+    comp = out.completion
+    return CallRecord(
+        workflow=wid,
+        turn=turn,
+        version=0,
+        is_cold=turn == 0,
+        r=out.r,
+        s=out.s,
+        c=out.c,
+        a=comp.a,
+        n=comp.n,
+        f=comp.f,
+        prompt_tokens=len(comp.prompt_token_ids),
+        cached_tokens=comp.num_cached_tokens,
+        output_tokens=len(comp.token_ids),
+        payload_bytes=out.payload_bytes,
+        frame_bytes=out.frame_bytes,
+    )
+
+
+def _shift(c: CallRecord, t0: float) -> CallRecord:
+    def sh(x: float | None) -> float | None:
+        return None if x is None else x - t0
+
+    return replace(c, r=sh(c.r), s=sh(c.s), c=sh(c.c), a=sh(c.a), n=sh(c.n), f=sh(c.f))
+
+
+def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: float) -> dict[str, float]:
+    out = new_counters()
+    st = rt.state.counters if rt.state is not None else {}
+    for k, v in st.items():
+        if isinstance(v, (int, float)):
+            out[k] = v
+    for k in ("refs_added", "refs_released"):
+        out[k] = audit.get(k, 0)
+    pol = rt.policy.stats()
+    out["promotions"] = pol.get("promotions", 0)
+    out["fallbacks"] = pol.get("fallback", 0)
+    link = rt.sender.stats()
+    out["control_bytes"] = link.get("control_bytes", 0) + rt.state_bytes
+    out["controller_cpu_s"] = rt.controller_cpu_s() - cpu0
+    out["link_frames"] = link.get("frames", 0)
+    out["link_resends"] = link.get("resends", 0)
+    out["cached_prompt_tokens"] = sum(c.cached_tokens for f in flows for c in f.calls)
+    return out
+
+
+def _meta(prof: Profile, eng: EngineThread) -> dict[str, Any]:
+    import vllm
+
+    from ladsd.config import has_cuda
+
+    return {
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus"
+        + (" + cuda" if has_cuda() else ""),
+        "vllm": vllm.__version__,
+        "kappa_s": eng.kappa,
+        "engine_startup_s": eng.startup_s,
+        "profile": _profile_dict(prof),
+    }
+
+
+def _profile_dict(prof: Profile) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    d = asdict(prof)
+    d.pop("extra", None)
+    return d
