@@ -416,7 +416,7 @@ class EngineThread:
         return pop(live.internal_id)
 
     def _fail_all(self, err: Exception, abort: bool = False) -> None:
-        for rid, live in list(self._live.items()):
+        for live in list(self._live.values()):
             if abort and live.internal_id is not None:
                 try:
                     self._engine.abort_request([live.internal_id], internal=True)
