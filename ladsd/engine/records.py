@@ -16,7 +16,7 @@ rule of spec section 3.4 as a pure function.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
 @dataclass(frozen=True, order=True)
@@ -31,7 +31,7 @@ class ContinuationId:
         return f"{self.workflow}/{self.turn}/{self.version}"
 
 
-class Phase(str, Enum):
+class Phase(StrEnum):
     """Where a result is on the return path."""
 
     PENDING = "pending"  # ready, uncommitted: in F(t)
@@ -83,7 +83,7 @@ class SenderInventory:
         return tuple(i for i in self.items if i.phase is Phase.PENDING)
 
 
-class LeaseStatus(str, Enum):
+class LeaseStatus(StrEnum):
     GRANTED = "granted"
     HANDED_OFF = "handed_off"
     EXPIRED = "expired"
@@ -159,7 +159,7 @@ class EngineState:
         return None
 
 
-class RecordInvalid(str, Enum):
+class RecordInvalid(StrEnum):
     IDENTITY = "identity"
     DIGEST = "digest"
     STALE = "stale"
