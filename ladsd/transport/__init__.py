@@ -1,0 +1,51 @@
+"""The return path (spec section 2): frames, pacing, the localhost TCP link."""
+
+from ladsd.transport.frame import (
+    Codec,
+    Frame,
+    FrameDecoder,
+    FrameError,
+    FrameHeader,
+    decode,
+    decode_payload,
+    digest,
+    encode,
+    encode_payload,
+    make_frame,
+)
+from ladsd.transport.link import (
+    Delivery,
+    Link,
+    LinkError,
+    Prepared,
+    Receiver,
+    Rejected,
+    Sender,
+    Ticket,
+    prepare,
+)
+from ladsd.transport.pacer import TokenBucket
+
+__all__ = [
+    "Codec",
+    "Delivery",
+    "Frame",
+    "FrameDecoder",
+    "FrameError",
+    "FrameHeader",
+    "Link",
+    "LinkError",
+    "Prepared",
+    "Receiver",
+    "Rejected",
+    "Sender",
+    "Ticket",
+    "TokenBucket",
+    "decode",
+    "decode_payload",
+    "digest",
+    "encode",
+    "encode_payload",
+    "make_frame",
+    "prepare",
+]

@@ -1,0 +1,431 @@
+"""The return link over real TCP on 127.0.0.1: order, window, rejects, reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from ladsd.config import FRAME_OVERHEAD, LinkConfig
+from ladsd.delivery.policy import Pending, SenderView
+from ladsd.engine.records import ContinuationId, EngineState, Phase, SenderInventory
+from ladsd.transport.frame import Codec, digest
+from ladsd.transport.link import (
+    Control,
+    ControlError,
+    Delivery,
+    FrameRejected,
+    Kind,
+    Link,
+    LinkClosed,
+    LinkError,
+    OfferError,
+    PolicyError,
+    Reason,
+    Rejected,
+    Sender,
+    decode_control,
+    encode_control,
+    prepare,
+)
+
+FAST = LinkConfig(rate_bytes_per_s=1_000_000.0)  # loopback tests: pacing on, but quick
+LIMIT_S = 30.0  # every test is bounded in time
+
+
+class Recorder:
+    """A tiny policy: picks by ``key``; records commits and the window at each commit."""
+
+    name = "recorder"
+    uses_leases = False
+
+    def __init__(self, key=lambda p: (p.ready_time, p.cid)) -> None:  # noqa: ANN001
+        self.key = key
+        self.sender: Sender | None = None
+        self.commits: list[ContinuationId] = []
+        self.in_flight: list[int] = []
+        self.views: list[SenderView] = []
+        self.hold = False
+        self.states: list[int] = []
+
+    def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending | None:
+        self.views.append(view)
+        return None if self.hold else min(pending, key=self.key)
+
+    def on_state(self, state: EngineState, now: float) -> None:
+        self.states.append(state.seq)
+
+    def on_commit(self, item: Pending, now: float) -> None:
+        self.commits.append(item.cid)
+        if self.sender is not None:
+            self.in_flight.append(self.sender.in_flight)
+
+    def on_complete(self, cid: ContinuationId, output_tokens: int, now: float) -> None:
+        pass
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+
+def item(i: int, size: int = 300, codec: Codec = Codec.IDENTITY):  # noqa: ANN201
+    obs = bytes((i * 31 + k) % 251 for k in range(size))
+    return prepare(
+        ContinuationId(f"wf-{i}", 1),
+        obs,
+        prefix_digest=digest(f"history {i}".encode()),
+        ready_time=float(i),
+        workflow_arrival=0.0,
+        prompt_tokens=1000 + i,
+        codec=codec,
+    )
+
+
+class Log:
+    """Registration callback that records deliveries (and can misbehave on cue)."""
+
+    def __init__(self) -> None:
+        self.got: list[Delivery] = []
+        self.refuse: dict[ContinuationId, int] = {}  # cid -> refusals left
+        self.after = None  # called after registering
+
+    async def __call__(self, d: Delivery) -> None:
+        if self.refuse.get(d.cid, 0) > 0:
+            self.refuse[d.cid] -= 1
+            raise Rejected(f"no binding for {d.cid.key()}")
+        self.got.append(d)
+        if self.after is not None:
+            self.after(d)
+
+    @property
+    def cids(self) -> list[ContinuationId]:
+        return [d.cid for d in self.got]
+
+
+async def started(policy: Recorder, log: Log, config: LinkConfig = FAST, **kw) -> Link:  # noqa: ANN003
+    link = Link(policy, log, config=config, **kw)
+    policy.sender = link.sender
+    await link.start()
+    return link
+
+
+async def offer_all(link: Link, preps: list) -> list:  # noqa: ANN001
+    return await link.sender.offer_many([(p.item, p.payload) for p in preps])
+
+
+async def all_received(tickets: list) -> list[float]:  # noqa: ANN001
+    async with asyncio.timeout(LIMIT_S):
+        return await asyncio.gather(*(t.received for t in tickets))
+
+
+def observation_of(d: Delivery, sizes: list[int]) -> bytes:
+    i = int(d.cid.workflow.split("-")[1])
+    return bytes((i * 31 + k) % 251 for k in range(sizes[i]))
+
+
+async def test_delivers_in_commit_order_with_the_window_respected() -> None:
+    sizes = [100, 800, 500, 200, 900, 600, 300, 1000, 700, 400, 150, 850]
+    preps = [item(i, s) for i, s in enumerate(sizes)]
+    policy = Recorder(key=lambda p: (-p.payload_bytes, p.cid))  # largest first, not ready order
+    log = Log()
+    link = await started(policy, log)
+    tickets = await offer_all(link, preps)
+    cs = await all_received(tickets)
+    await link.close(drain=True)
+
+    by_size = [p.item.cid for p in sorted(preps, key=lambda p: -p.item.payload_bytes)]
+    assert policy.commits == by_size
+    assert log.cids == policy.commits  # receipt order is commit order
+    assert max(policy.in_flight) == 4 and all(n <= 4 for n in policy.in_flight)
+    assert cs == [t.c for t in tickets]
+    assert [t.cid for t in sorted(tickets, key=lambda t: t.c)] == log.cids
+    assert all(t.s is not None and t.s <= t.c and t.commits == 1 for t in tickets)
+    for d in log.got:
+        p = preps[int(d.cid.workflow.split("-")[1])]
+        assert d.observation == observation_of(d, sizes)
+        assert d.binding == (d.cid.workflow, 1, p.item.prefix_digest, p.item.payload_digest)
+        assert d.c == next(t.c for t in tickets if t.cid == d.cid)
+    st = link.stats()
+    assert st["commits"] == st["frames"] == st["acks"] == st["rx_delivered"] == 12
+    assert st["bytes"] == sum(FRAME_OVERHEAD + p.item.payload_bytes for p in preps)
+    assert st["rejects"] == st["resends"] == st["rx_duplicates"] == st["failed"] == 0
+    assert st["control_bytes"] == st["rx_control_bytes"] > 0
+    assert st["rx_stream_errors"] == 0  # clean close: the stream ended on a frame boundary
+
+
+async def test_inventory_is_published_in_fifo_order_with_q_b() -> None:
+    seen: list[SenderInventory] = []
+    policy = Recorder(key=lambda p: (-p.ready_time, p.cid))  # newest first
+    log = Log()
+    link = Link(policy, log, config=FAST, on_inventory=seen.append)
+    policy.sender = link.sender
+    preps = [item(i, 700) for i in range(6)]
+    tickets = await offer_all(link, preps)  # before start: commits wait for the connection
+    first = seen[0]
+    assert [i.cid for i in first.items] == [p.item.cid for p in preps]
+    assert all(i.phase is Phase.PENDING for i in first.items)
+    assert first.q_b == 0 and first.rate == FAST.rate_bytes_per_s and first.overhead == 1028
+    assert link.sender.q_b == 4 * (FRAME_OVERHEAD + 700)  # four committed, none on the wire
+    await link.start()
+    await all_received(tickets)
+    await link.close(drain=True)
+    for inv in seen:
+        assert [i.ready_time for i in inv.items] == sorted(i.ready_time for i in inv.items)
+        committed = sum(
+            FRAME_OVERHEAD + i.payload_bytes for i in inv.items if i.phase is Phase.COMMITTED
+        )
+        assert 0 <= inv.q_b <= committed
+    assert any(0 < inv.q_b < 4 * (FRAME_OVERHEAD + 700) for inv in seen)  # moves per chunk
+    assert seen[-1].items == () and seen[-1].q_b == 0
+
+
+async def test_refused_binding_is_requeued_and_delivered_once() -> None:
+    preps = [item(i) for i in range(6)]
+    target = preps[2].item.cid
+    log = Log()
+    log.refuse[target] = 1
+    policy = Recorder()
+    link = await started(policy, log)
+    tickets = await offer_all(link, preps)
+    await all_received(tickets)
+    await link.close(drain=True)
+    assert sorted(log.cids) == sorted(p.item.cid for p in preps)
+    assert log.cids.count(target) == 1
+    t = tickets[2]
+    assert t.rejects == 1 and t.reasons == ["binding"] and t.commits == 2
+    assert policy.commits.count(target) == 2
+    delivered_commits = list(policy.commits)
+    delivered_commits.remove(target)  # the refused first commitment
+    assert log.cids == delivered_commits
+    st = link.stats()
+    assert st["rejects"] == st["requeues"] == st["rx_refused"] == st["rx_nacks"] == 1
+    assert st["rx_delivered"] == 6 and st["failed"] == 0
+
+
+async def test_digest_mismatch_on_the_wire_is_rejected_and_resent_intact() -> None:
+    preps = [item(i) for i in range(5)]
+    target = preps[1].item.cid
+
+    def corrupt(cid: ContinuationId, send_no: int, data: bytes) -> bytes:
+        if cid == target and send_no == 1:
+            return data[:-1] + bytes([data[-1] ^ 0xFF])
+        return data
+
+    log = Log()
+    link = await started(Recorder(), log, fault=corrupt)
+    tickets = await offer_all(link, preps)
+    await all_received(tickets)
+    await link.close(drain=True)
+    assert sorted(log.cids) == sorted(p.item.cid for p in preps)
+    assert log.cids.count(target) == 1
+    assert tickets[1].reasons == ["digest"] and tickets[1].sends == 2
+    assert all(d.observation == item(int(d.cid.workflow[3:])).payload for d in log.got)
+    st = link.stats()
+    assert st["rejects"] == st["rx_nacks"] == 1 and st["rx_delivered"] == 5
+
+
+async def test_permanent_refusal_fails_the_ticket_loudly_and_loses_nothing_else() -> None:
+    preps = [item(i) for i in range(4)]
+    target = preps[0].item.cid
+    log = Log()
+    log.refuse[target] = 100
+    link = await started(Recorder(), log, max_rejects=2)
+    tickets = await offer_all(link, preps)
+    async with asyncio.timeout(LIMIT_S):
+        with pytest.raises(FrameRejected, match="rejected 3 times"):
+            await tickets[0].received
+        await asyncio.gather(*(t.received for t in tickets[1:]))
+    await link.close(drain=True)
+    assert sorted(log.cids) == sorted(p.item.cid for p in preps[1:])
+    assert tickets[0].rejects == 3 and link.stats()["failed"] == 1
+
+
+async def test_drop_after_registration_reconnects_without_loss_or_duplicates() -> None:
+    preps = [item(i, 900) for i in range(10)]
+    log = Log()
+    policy = Recorder()
+    link = await started(policy, log)
+
+    def drop_once(d: Delivery) -> None:
+        if len(log.got) == 3:  # registered, but its ack will be lost with the connection
+            assert link.receiver.abort_connection()
+
+    log.after = drop_once
+    tickets = await offer_all(link, preps)
+    await all_received(tickets)
+    await link.close(drain=True)
+    assert log.cids == [p.item.cid for p in preps] == policy.commits
+    assert tickets[2].c == log.got[2].c  # c is the first complete receipt
+    st = link.stats()
+    assert st["drops"] >= 1 and st["connects"] >= 2
+    assert st["duplicate_acks"] >= 1 and st["rx_duplicates"] >= 1 and st["resends"] >= 1
+    assert st["rx_delivered"] == 10 and st["failed"] == 0
+
+
+async def test_drop_mid_frame_resends_whole_frames_in_order() -> None:
+    preps = [item(i, 1500) for i in range(8)]
+    log = Log()
+    policy = Recorder(key=lambda p: (-p.ready_time, p.cid))
+    link: Link | None = None
+    total = 0
+
+    def cut(n: int, t: float) -> None:
+        nonlocal total
+        total += n
+        if (
+            total > 2.5 * (FRAME_OVERHEAD + 1500)
+            and link is not None
+            and link.stats()["drops"] == 0
+        ):
+            link.receiver.abort_connection()
+
+    link = await started(policy, log, on_bytes=cut)
+    tickets = await offer_all(link, preps)
+    await all_received(tickets)
+    await link.close(drain=True)
+    assert log.cids == policy.commits == [p.item.cid for p in reversed(preps)]
+    st = link.stats()
+    assert st["drops"] >= 1 and st["resends"] >= 1
+    assert st["rx_delivered"] == 8 and st["rx_duplicates"] == st["failed"] == 0
+
+
+async def test_gzip_frames_arrive_decoded() -> None:
+    preps = [item(i, 4000, codec=Codec.GZIP6) for i in range(3)]
+    assert all(p.item.payload_bytes < 4000 for p in preps)
+    log = Log()
+    link = await started(Recorder(), log, config=LinkConfig(rate_bytes_per_s=1e6, codec="gzip6"))
+    tickets = await offer_all(link, preps)
+    await all_received(tickets)
+    await link.close(drain=True)
+    for d in log.got:
+        i = int(d.cid.workflow[3:])
+        assert d.codec is Codec.GZIP6 and d.decode_s >= 0
+        assert d.observation == bytes((i * 31 + k) % 251 for k in range(4000))
+
+
+async def test_hold_waits_for_the_next_event() -> None:
+    policy = Recorder()
+    policy.hold = True
+    log = Log()
+    link = await started(policy, log)
+    tickets = await offer_all(link, [item(i) for i in range(3)])
+    assert policy.commits == [] and link.sender.stats()["holds"] == 1
+    policy.hold = False
+    link.sender.set_state(EngineState(time=0.0, seq=7, generation=1))
+    await all_received(tickets)
+    await link.close(drain=True)
+    assert len(policy.commits) == 3 and policy.states == [7]
+    assert policy.views[-1].state is not None and policy.views[-1].state.seq == 7
+
+
+async def test_state_and_previous_seq_reach_the_policy_unfiltered() -> None:
+    policy = Recorder()
+    policy.hold = True
+    sender = Sender(policy, config=FAST)
+    policy.sender = sender
+    await sender.offer(item(0).item, item(0).payload)
+    for seq in (1, 2, 2):
+        sender.set_state(EngineState(time=0.0, seq=seq, generation=0))
+    assert [(v.state.seq if v.state else None, v.state_seq_before) for v in policy.views] == [
+        (None, -1),
+        (1, -1),
+        (2, 1),
+        (2, 2),  # a duplicate: the policy's record check sees it
+    ]
+    assert sender.stats()["states_out_of_order"] == 1
+    await sender.close()
+
+
+async def test_complete_reaches_the_policy_and_decides_again() -> None:
+    policy = Recorder()
+    policy.hold = True
+    sender = Sender(policy, config=FAST)
+    policy.sender = sender
+    await sender.offer(item(0).item, item(0).payload)
+    policy.hold = False
+    sender.complete(ContinuationId("wf-x", 0), 64)
+    assert policy.commits == [item(0).item.cid]
+    await sender.close()
+
+
+async def test_bad_offers_are_refused_whole() -> None:
+    sender = Sender(Recorder(), config=FAST)
+    good, other = item(0), item(1)
+    with pytest.raises(OfferError, match="payload is"):
+        await sender.offer_many([(good.item, good.payload), (other.item, other.payload[:-1])])
+    assert sender.pending == () and sender.committed == ()
+    with pytest.raises(OfferError, match="digest"):
+        await sender.offer(other.item, bytes(len(other.payload)))
+    big = LinkConfig(max_payload_bytes=10)
+    with pytest.raises(OfferError, match="exceeds"):
+        await Sender(Recorder(), config=big).offer(good.item, good.payload)
+    await sender.offer(good.item, good.payload)
+    with pytest.raises(OfferError, match="already"):
+        await sender.offer(good.item, good.payload)
+    await sender.close()
+    with pytest.raises(LinkClosed):
+        await sender.offer(other.item, other.payload)
+
+
+async def test_cancel_only_before_commitment() -> None:
+    policy = Recorder()
+    policy.hold = True
+    sender = Sender(policy, config=FAST)
+    policy.sender = sender
+    t0 = await sender.offer(item(0).item, item(0).payload)
+    assert sender.cancel(item(0).item.cid)
+    assert not sender.cancel(item(0).item.cid)
+    assert sender.pending == ()
+    with pytest.raises(LinkError):
+        await t0.received
+    policy.hold = False
+    t1 = await sender.offer(item(1).item, item(1).payload)
+    assert sender.committed == (item(1).item.cid,)
+    assert not sender.cancel(item(1).item.cid)
+    await sender.close()
+    with pytest.raises(LinkClosed):
+        await t1.received
+
+
+async def test_a_policy_choosing_nothing_pending_stops_the_link_loudly() -> None:
+    class Rogue(Recorder):
+        def choose(self, pending, view, now):  # noqa: ANN001, ANN201
+            return item(99).item
+
+    sender = Sender(Rogue(), config=FAST)
+    with pytest.raises(PolicyError, match="not a pending result"):
+        await sender.offer(item(0).item, item(0).payload)
+    await sender.close()
+
+
+def test_control_messages_round_trip_and_reject_garbage() -> None:
+    msg = Control(Kind.NACK, Reason.DIGEST, ContinuationId("wf-é", 3, 2), digest(b"x"), 12.25)
+    data = encode_control(msg)
+    assert decode_control(data[2:]) == msg
+    assert int.from_bytes(data[:2], "big") == len(data) - 2
+    for bad in (data[2:10], data[2:] + b"x", b"\x09" + data[3:]):
+        with pytest.raises(ControlError):
+            decode_control(bad)
+
+
+async def test_start_without_a_receiver_fails_clearly() -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    sender = Sender(Recorder(), config=FAST)
+    t = await sender.offer(item(0).item, item(0).payload)
+    with pytest.raises(LinkError, match="could not connect"):
+        await sender.start("127.0.0.1", port, connect_timeout=0.3)
+    assert sender.stats()["connect_failures"] >= 1
+    with pytest.raises(LinkClosed):
+        await t.received
+
+
+async def test_link_as_context_manager_closes_cleanly() -> None:
+    log = Log()
+    async with Link(Recorder(), log, config=FAST) as link:
+        tickets = await offer_all(link, [item(i) for i in range(3)])
+        await all_received(tickets)
+    assert len(log.got) == 3
+    assert link.receiver.stats()["stream_errors"] == 0
