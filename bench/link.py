@@ -278,6 +278,7 @@ def main() -> None:
     ap.add_argument("--state-every", type=int, default=1, help="new engine state every N")
     ap.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
     ap.add_argument("--skip-rate", action="store_true")
+    ap.add_argument("--skip-decisions", action="store_true")
     args = ap.parse_args()
     con = Console(width=132)
 
@@ -312,7 +313,9 @@ def main() -> None:
         con.print(tab)
 
     dec_rows = []
-    if make_policy is None or not POLICY_NAMES:
+    if args.skip_decisions:
+        pass
+    elif make_policy is None or not POLICY_NAMES:
         con.print("[yellow]delivery policies are not available yet (ladsd.delivery.make_policy)")
     else:
         sizes = [int(q) for q in args.queued.split(",") if q]
@@ -362,7 +365,7 @@ def main() -> None:
                     {k: round(v, 1) if isinstance(v, float) else v for k, v in row.items()}
                     for row in dec_rows
                 ],
-                "policies_available": bool(dec_rows),
+                "policies_available": make_policy is not None and bool(POLICY_NAMES),
             }
         ).decode()
     )
