@@ -25,6 +25,7 @@ from ladsd.transport.link import (
     Reason,
     Rejected,
     Sender,
+    SendFailed,
     decode_control,
     encode_control,
     prepare,
@@ -429,3 +430,42 @@ async def test_link_as_context_manager_closes_cleanly() -> None:
         await all_received(tickets)
     assert len(log.got) == 3
     assert link.receiver.stats()["stream_errors"] == 0
+
+
+def break_header(target: ContinuationId, bad_sends: int):  # noqa: ANN201
+    def fault(cid: ContinuationId, send_no: int, data: bytes) -> bytes:
+        if cid == target and send_no <= bad_sends:
+            return data[:4] + b"XXXX" + data[8:]  # bad magic: the stream cannot be trusted
+        return data
+
+    return fault
+
+
+async def test_broken_stream_is_dropped_and_resent_in_order() -> None:
+    preps = [item(i, 800) for i in range(6)]
+    target = preps[2].item.cid
+    log = Log()
+    policy = Recorder()
+    link = await started(policy, log, fault=break_header(target, 2))
+    tickets = await offer_all(link, preps)
+    await all_received(tickets)
+    await link.close(drain=True)
+    assert log.cids == [p.item.cid for p in preps] == policy.commits
+    assert tickets[2].sends == 3
+    st = link.stats()
+    assert st["rx_stream_errors"] == 2 and st["drops"] == 2 and st["rx_delivered"] == 6
+
+
+async def test_a_frame_that_never_gets_through_fails_after_max_drops() -> None:
+    preps = [item(i) for i in range(3)]
+    target = preps[0].item.cid
+    log = Log()
+    link = await started(Recorder(), log, fault=break_header(target, 100), max_drops=3)
+    tickets = await offer_all(link, preps)
+    async with asyncio.timeout(LIMIT_S):
+        with pytest.raises(SendFailed, match="dropped 3 times"):
+            await tickets[0].received
+        await asyncio.gather(*(t.received for t in tickets[1:]))
+    await link.close(drain=True)
+    assert log.cids == [p.item.cid for p in preps[1:]]
+    assert link.stats()["failed"] == 1

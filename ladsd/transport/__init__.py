@@ -1,5 +1,6 @@
 """The return path (spec section 2): frames, pacing, the localhost TCP link."""
 
+from ladsd.transport.errors import LinkError, Rejected
 from ladsd.transport.frame import (
     Codec,
     Frame,
@@ -13,18 +14,10 @@ from ladsd.transport.frame import (
     encode_payload,
     make_frame,
 )
-from ladsd.transport.link import (
-    Delivery,
-    Link,
-    LinkError,
-    Prepared,
-    Receiver,
-    Rejected,
-    Sender,
-    Ticket,
-    prepare,
-)
+from ladsd.transport.link import Link
 from ladsd.transport.pacer import TokenBucket
+from ladsd.transport.receiver import Delivery, Receiver
+from ladsd.transport.sender import Prepared, Sender, Ticket, prepare
 
 __all__ = [
     "Codec",

@@ -1,0 +1,39 @@
+"""Errors of the return link (frame errors live in :mod:`ladsd.transport.frame`)."""
+
+from __future__ import annotations
+
+
+class LinkError(Exception):
+    """Base of the link's own errors."""
+
+
+class OfferError(LinkError, ValueError):
+    """An offered result that cannot be framed or contradicts its Pending record."""
+
+
+class FrameRejected(LinkError):
+    """The receiver rejected a result more often than ``max_rejects`` allows."""
+
+
+class SendFailed(LinkError):
+    """A committed frame on which the connection dropped ``max_drops`` times."""
+
+
+class LinkClosed(LinkError):
+    """The link closed before the result was received."""
+
+
+class Cancelled(LinkError):
+    """The result was cancelled before commitment."""
+
+
+class PolicyError(LinkError):
+    """The policy chose something that is not a pending result."""
+
+
+class Rejected(Exception):
+    """Raised by the receiver's registration callback to refuse a binding."""
+
+
+class ControlError(LinkError):
+    """A malformed control message (the connection is then re-dialled)."""
