@@ -33,6 +33,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import orjson
@@ -59,13 +60,13 @@ class FifoOrder:
 
     name = "fifo"
 
-    def choose(self, pending, view, t):  # noqa: ANN001, ANN201
+    def choose(self, pending: Sequence[Pending], view: SenderView, t: float) -> Pending:
         return min(pending, key=lambda p: (p.ready_time, p.cid))
 
-    def on_commit(self, item, t):  # noqa: ANN001, ANN201
+    def on_commit(self, item: Pending, t: float) -> None:
         pass
 
-    def on_complete(self, cid, output_tokens, t):  # noqa: ANN001, ANN201
+    def on_complete(self, cid: ContinuationId, output_tokens: int, t: float) -> None:
         pass
 
     def stats(self) -> dict[str, int]:
@@ -99,8 +100,8 @@ def window_rates(reads: list[tuple[float, int]], t0: float, t1: float) -> dict[s
     return {
         "inter_read": moved / (tb - ta),
         "window": (cum[-1]) / (t1 - t0),
-        "max_1s": heavy,
-        "min_1s": light,
+        "max_1s": heavy if light != float("inf") else None,  # None: window under 1 s
+        "min_1s": light if light != float("inf") else None,
         "reads": len(inside),
     }
 

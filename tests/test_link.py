@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from ladsd.transport.link import (
     Control,
     ControlError,
     Delivery,
+    Fault,
     FrameRejected,
     Kind,
     Link,
@@ -22,10 +24,12 @@ from ladsd.transport.link import (
     LinkError,
     OfferError,
     PolicyError,
+    Prepared,
     Reason,
     Rejected,
     Sender,
     SendFailed,
+    Ticket,
     decode_control,
     encode_control,
     prepare,
@@ -41,7 +45,7 @@ class Recorder:
     name = "recorder"
     uses_leases = False
 
-    def __init__(self, key=lambda p: (p.ready_time, p.cid)) -> None:  # noqa: ANN001
+    def __init__(self, key: Callable[[Pending], Any] = lambda p: (p.ready_time, p.cid)) -> None:
         self.key = key
         self.sender: Sender | None = None
         self.commits: list[ContinuationId] = []
@@ -69,7 +73,7 @@ class Recorder:
         return {}
 
 
-def item(i: int, size: int = 300, codec: Codec = Codec.IDENTITY):  # noqa: ANN201
+def item(i: int, size: int = 300, codec: Codec = Codec.IDENTITY) -> Prepared:
     obs = bytes((i * 31 + k) % 251 for k in range(size))
     return prepare(
         ContinuationId(f"wf-{i}", 1),
@@ -103,18 +107,18 @@ class Log:
         return [d.cid for d in self.got]
 
 
-async def started(policy: Recorder, log: Log, config: LinkConfig = FAST, **kw) -> Link:  # noqa: ANN003
+async def started(policy: Recorder, log: Log, config: LinkConfig = FAST, **kw: Any) -> Link:
     link = Link(policy, log, config=config, **kw)
     policy.sender = link.sender
     await link.start()
     return link
 
 
-async def offer_all(link: Link, preps: list) -> list:  # noqa: ANN001
+async def offer_all(link: Link, preps: list[Prepared]) -> list[Ticket]:
     return await link.sender.offer_many([(p.item, p.payload) for p in preps])
 
 
-async def all_received(tickets: list) -> list[float]:  # noqa: ANN001
+async def all_received(tickets: list[Ticket]) -> list[float]:
     async with asyncio.timeout(LIMIT_S):
         return await asyncio.gather(*(t.received for t in tickets))
 
@@ -390,7 +394,7 @@ async def test_cancel_only_before_commitment() -> None:
 
 async def test_a_policy_choosing_nothing_pending_stops_the_link_loudly() -> None:
     class Rogue(Recorder):
-        def choose(self, pending, view, now):  # noqa: ANN001, ANN201
+        def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending:
             return item(99).item
 
     sender = Sender(Rogue(), config=FAST)
@@ -432,7 +436,7 @@ async def test_link_as_context_manager_closes_cleanly() -> None:
     assert link.receiver.stats()["stream_errors"] == 0
 
 
-def break_header(target: ContinuationId, bad_sends: int):  # noqa: ANN201
+def break_header(target: ContinuationId, bad_sends: int) -> Fault:
     def fault(cid: ContinuationId, send_no: int, data: bytes) -> bytes:
         if cid == target and send_no <= bad_sends:
             return data[:4] + b"XXXX" + data[8:]  # bad magic: the stream cannot be trusted
