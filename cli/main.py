@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli import replay as replay_cmd
 from cli.catalog import catalog_app
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -112,16 +113,8 @@ def capture(ctx: typer.Context) -> None:
     _not_yet("capture", 5)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def replay(ctx: typer.Context) -> None:
-    """Replay a workload under one delivery policy and report latencies."""
-    _not_yet("replay", 6)
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def compare(ctx: typer.Context) -> None:
-    """Run several policies over the same seeds and print the paper-style table."""
-    _not_yet("compare", 6)
+app.command()(replay_cmd.replay)
+app.command()(replay_cmd.compare)
 
 
 if __name__ == "__main__":

@@ -91,6 +91,8 @@ class WorkloadConfig:
     cohort_gap_s: float = 0.05
     cohort_limit_s: float = 60.0
     arrival_spread_s: float = 2.0
+    # web-burst / captured: at most this many workflows and calls each (smoke only)
+    replay_limit: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,42 @@ class Profile:
         return replace(self, **kw)
 
 
+PAPER_WORKLOAD = WorkloadConfig()  # spec section 5 at paper scale
+
 PROFILES: dict[str, Profile] = {
+    "paper": Profile(
+        name="paper",
+        engine=EngineConfig(
+            model="qwen2.5-7b-shape",
+            max_model_len=32768,
+            block_size=16,
+            num_gpu_blocks_override=197040 // 16,  # KV pool of 197,040 tokens
+        ),
+        link=LinkConfig(rate_bytes_per_s=4000.0),
+        lease=LeaseConfig(headroom_blocks=2048, lease_lifetime_s=8.0),
+        workload=PAPER_WORKLOAD,
+        notes="Paper scale (spec 5): Qwen2.5-7B shape, dummy weights; one NVIDIA GPU.",
+    ),
+    "cpu": Profile(
+        name="cpu",
+        engine=EngineConfig(
+            model="smollm2-shape-8l",
+            max_model_len=4096,
+            block_size=32,
+            num_gpu_blocks_override=24630 // 32,  # 1/8 of the paper's pool
+        ),
+        link=LinkConfig(rate_bytes_per_s=4000.0),
+        lease=LeaseConfig(headroom_blocks=4096 // 32, lease_lifetime_s=8.0),
+        workload=WorkloadConfig(
+            history_tokens=(1024, 1536, 2560, 2816),
+            context_tokens=4096,
+            output_tokens=64,
+        ),
+        notes="1/8 token scale, calibrated with bench/calibrate.py (see README).",
+    ),
     "smoke": Profile(
         name="smoke",
-        engine=EngineConfig(model="tiny", max_model_len=2048, num_gpu_blocks_override=96),
+        engine=EngineConfig(model="tiny", max_model_len=4096, num_gpu_blocks_override=160),
         link=LinkConfig(rate_bytes_per_s=64000.0),
         lease=LeaseConfig(headroom_blocks=8, lease_lifetime_s=8.0),
         workload=WorkloadConfig(
@@ -123,6 +157,7 @@ PROFILES: dict[str, Profile] = {
             output_tokens=8,
             cohort=4,
             arrival_spread_s=0.2,
+            replay_limit=(4, 3),
         ),
         notes="CI smoke: tiny dummy-weight shape, 4 workflows x 3 calls.",
     ),

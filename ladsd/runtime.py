@@ -96,6 +96,8 @@ class Runtime:
         self._inventory: SenderInventory | None = None
         self._inventory_posted = False
         self._leases = False
+        self._batch: list[tuple[Any, asyncio.Future]] = []
+        self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> Runtime:
         self.engine.on_state = self._on_state
@@ -153,7 +155,7 @@ class Runtime:
             # The lease provider sees the result before the sender does (spec 3.2).
             await self.engine.call(lambda s: s.lease_notice(notice))
         try:
-            ticket = await self.sender.offer(prep.item, prep.payload, codec=prep.codec)
+            ticket = await self._offer(prep)
             rid, c = await self._waiting[cid].registered
             comp = await self.engine.result(rid)
         finally:
@@ -167,6 +169,43 @@ class Runtime:
             payload_bytes=prep.item.payload_bytes,
             frame_bytes=prep.item.frame_bytes,
         )
+
+    async def _offer(self, prep: Any) -> Any:
+        """Offer a ready result; results ready in the same loop turn go in one batch.
+
+        A cohort's results become ready together; offering them as one batch lets
+        the policy choose among all of them instead of committing the first four
+        in arrival order.
+        """
+        fut = asyncio.get_running_loop().create_future()
+        self._batch.append((prep, fut))
+        if len(self._batch) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+        return await fut
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        by_codec: dict[Any, list] = {}
+        for prep, fut in batch:
+            by_codec.setdefault(prep.codec, []).append((prep, fut))
+
+        async def go(codec: Any, items: list) -> None:
+            try:
+                tickets = await self.sender.offer_many(
+                    [(p.item, p.payload) for p, _ in items], codec=codec
+                )
+            except Exception as e:
+                for _, fut in items:
+                    if not fut.done():
+                        fut.set_exception(e)
+                return
+            for (_, fut), t in zip(items, tickets, strict=True):
+                if not fut.done():
+                    fut.set_result(t)
+
+        for codec, items in by_codec.items():
+            self._tasks.add(t := asyncio.ensure_future(go(codec, items)))
+            t.add_done_callback(self._tasks.discard)
 
     async def cancel(self, cid: ContinuationId) -> None:
         self.sender.cancel(cid)
@@ -199,7 +238,6 @@ class Runtime:
     def _on_inventory(self, inv: SenderInventory) -> None:
         # Coalesce: the engine thread only ever needs the latest inventory.
         self._inventory = inv
-        self.state_bytes += len(orjson.dumps(inv))
         if self._leases and not self._inventory_posted:
             self._inventory_posted = True
             self.engine.post(self._push_inventory)
@@ -208,6 +246,7 @@ class Runtime:
         self._inventory_posted = False
         inv = self._inventory
         if inv is not None:
+            self.state_bytes += len(orjson.dumps(inv))  # what actually crossed
             sched.lease_inventory(inv)
 
     # ---- end of run --------------------------------------------------------

@@ -1,0 +1,115 @@
+"""Calibrate a profile: is this machine in the paper's regime?
+
+The paper's regime: the workload is link-bound while histories stay cached and
+engine-bound when they must be recomputed. This script measures, for one
+profile and the controlled workload of one seed:
+
+* link time   = total frame bytes of all continuations / R (the link's busy time);
+* engine time with perfect reuse = makespan of all model calls run straight
+  into the engine (no link, no tool waits) with prefix caching on and a pool
+  nothing outgrows;
+* engine time with no reuse = the same with prefix caching off.
+
+It prints both ratios to link time (targets: ~0.5-0.8 with reuse, ~1.7-3 without),
+and, last, one JSON line. Never asserts.
+
+    .venv/bin/python bench/calibrate.py --profile cpu [--model smollm2-shape-8l] [--seed 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from dataclasses import replace
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+from ladsd.config import FRAME_OVERHEAD, PROFILES, Profile  # noqa: E402
+from ladsd.engine.params import sampling  # noqa: E402
+from ladsd.engine.thread import EngineThread  # noqa: E402
+from ladsd.workloads import controlled  # noqa: E402
+from ladsd.workloads.runner import engine_for, tool_message  # noqa: E402
+from ladsd.workloads.spec import Workload  # noqa: E402
+
+
+async def engine_time(wl: Workload, prof: Profile, caching: bool) -> tuple[float, int]:
+    """Makespan of every model call of ``wl`` run straight into the engine."""
+    eng_cfg = replace(prof.engine, enable_prefix_caching=caching)
+    cached = 0
+    async with EngineThread(eng_cfg, replace(prof.lease, enabled=False)) as eng:
+        render = tool_message(eng.tokenizer)
+
+        async def flow(w) -> int:
+            got = 0
+            p = sampling(
+                max_tokens=w.first_output_tokens, min_tokens=w.first_output_tokens, ignore_eos=True
+            )
+            out = await eng.complete(list(w.prompt_ids), p)
+            prompt = list(w.prompt_ids)
+            for call in w.calls:
+                history = prompt + list(out.token_ids)
+                prompt = history + render(call.observation)
+                p = sampling(
+                    max_tokens=call.output_tokens, min_tokens=call.output_tokens, ignore_eos=True
+                )
+                out = await eng.complete(prompt, p)
+                got += out.num_cached_tokens
+            return got
+
+        t0 = time.perf_counter()
+        cached = sum(await asyncio.gather(*(flow(w) for w in wl.workflows)))
+        return time.perf_counter() - t0, cached
+
+
+def link_time(wl: Workload, rate: float) -> float:
+    return sum(FRAME_OVERHEAD + len(c.observation) for w in wl.workflows for c in w.calls) / rate
+
+
+async def main_async(a: argparse.Namespace) -> dict:
+    prof = PROFILES[a.profile]
+    if a.model:
+        prof = replace(prof, engine=replace(prof.engine, model=a.model))
+    wl = controlled.build(prof.workload, a.seed, controlled.archive_from_catalog())
+    link = link_time(wl, prof.link.rate_bytes_per_s)
+    big = engine_for(prof, "infinite-cache")
+    reuse, cached = await engine_time(wl, big, True)
+    none, _ = await engine_time(wl, big, False)
+    return {
+        "profile": prof.name,
+        "model": prof.engine.model,
+        "seed": a.seed,
+        "continuations": wl.continuations,
+        "link_s": link,
+        "engine_reuse_s": reuse,
+        "engine_noreuse_s": none,
+        "ratio_reuse": reuse / link,
+        "ratio_noreuse": none / link,
+        "cached_tokens_reuse": cached,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="cpu", choices=sorted(PROFILES))
+    ap.add_argument("--model", default=None, help="override the profile's model shape")
+    ap.add_argument("--seed", type=int, default=1)
+    res = asyncio.run(main_async(ap.parse_args()))
+    t = Table(
+        "quantity", "seconds", "/ link", title=f"calibration: {res['profile']} ({res['model']})"
+    )
+    t.add_row("link time (all frames / R)", f"{res['link_s']:.1f}", "1.00")
+    t.add_row("engine, perfect reuse", f"{res['engine_reuse_s']:.1f}", f"{res['ratio_reuse']:.2f}")
+    t.add_row("engine, no reuse", f"{res['engine_noreuse_s']:.1f}", f"{res['ratio_noreuse']:.2f}")
+    Console().print(t)
+    print("targets: reuse ~0.5-0.8 of link time, no reuse ~1.7-3x")
+    print(orjson.dumps(res).decode())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Workload construction and cohort tool service (no engine)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from ladsd.config import PROFILES
+from ladsd.workloads import controlled
+from ladsd.workloads.cohort import Cohorts
+
+ARCHIVE = [f"archived page {i} ".encode() * 20 for i in range(12)]
+
+
+def test_controlled_is_deterministic_per_seed_and_varies_across_seeds():
+    cfg = PROFILES["cpu"].workload
+    a = controlled.build(cfg, 1, ARCHIVE)
+    b = controlled.build(cfg, 1, ARCHIVE)
+    c = controlled.build(cfg, 2, ARCHIVE)
+    assert a == b
+    assert a != c
+    assert len(a.workflows) == 16 and a.continuations == 80
+
+
+def test_controlled_history_sizes_and_cohorts():
+    cfg = PROFILES["cpu"].workload
+    wl = controlled.build(cfg, 3, ARCHIVE, cohort=8)
+    sizes = sorted(len(w.prompt_ids) for w in wl.workflows)
+    assert sizes == sorted(list(cfg.history_tokens) * 4)
+    assert [w.cohort for w in wl.workflows] == [0] * 8 + [1] * 8
+    assert all(c.output_tokens == 64 for w in wl.workflows for c in w.calls)
+    # no two workflows share a first block: leases and caching are per workflow
+    firsts = {w.prompt_ids[:32] for w in wl.workflows}
+    assert len(firsts) == 16
+    arrivals = [w.arrival for w in wl.workflows]
+    assert (
+        arrivals == sorted(arrivals) and 0 <= arrivals[0] and arrivals[-1] <= cfg.arrival_spread_s
+    )
+
+
+def test_controlled_rejects_empty_archive():
+    with pytest.raises(ValueError, match="archive"):
+        controlled.build(PROFILES["cpu"].workload, 1, [])
+
+
+async def test_cohort_releases_together_after_last_start():
+    loop = asyncio.get_running_loop()
+    co = Cohorts({0: 3}, gap=0.05, limit=10.0)
+    done: dict[int, float] = {}
+    started: dict[int, float] = {}
+
+    async def member(i: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        started[i] = loop.time()
+        await co.tool(0, 1)
+        done[i] = loop.time()
+        assert len(started) == 3  # nobody completes before the last member started
+
+    await asyncio.gather(member(0, 0.0), member(1, 0.02), member(2, 0.1))
+    assert min(done.values()) >= max(started.values()) + 0.05
+    assert co.partial_releases == 0
+
+
+async def test_cohort_partial_release_after_limit_and_leave():
+    co = Cohorts({0: 3}, gap=0.01, limit=0.1)
+    await asyncio.wait_for(asyncio.gather(co.tool(0, 1), co.tool(0, 1)), 2)
+    assert co.partial_releases == 1
+    late = asyncio.create_task(co.tool(0, 1))  # started after the release: alone
+    await asyncio.wait_for(late, 1)
+    # a member that terminated no longer holds its cohort back
+    co.leave(0)
+    await asyncio.wait_for(asyncio.gather(co.tool(0, 2), co.tool(0, 2)), 1)
+    assert co.partial_releases == 1
