@@ -1,20 +1,186 @@
-"""Prefix leases inside vLLM's scheduler (placeholder: thin subclasses).
+"""Prefix leases inside vLLM's scheduler (spec section 3).
 
-The lease mixin (spec section 3) plugs in here; until then the scheduler only
-stamps first allocations.
+:class:`LeaseMixin` plugs the lease book into vLLM's ``Scheduler`` and
+``AsyncScheduler`` (``scheduler_cls``). Contract:
+
+* Engine thread only. ``EngineThread`` owns vLLM's EngineCore and is the only
+  caller of every ``lease_*`` method and of ``schedule()``; nothing locks.
+* Until :meth:`LeaseMixin.lease_setup` the scheduler is a plain vLLM scheduler
+  (no lease pool, no hashing, no hooks beyond a ``None`` check).
+* ``schedule()``: expiry and revocation at entry (before vLLM allocates), then
+  vLLM's schedule, then handoff of bound continuations with positive scheduled
+  tokens whose block table natively covers their lease.
+* ``reset_prefix_cache()`` drops every lease first when nothing else holds a
+  block (a held lease would make vLLM's reset fail); while requests hold
+  blocks vLLM refuses the reset anyway and the leases stay.
+* Lock/unlock rules are in :mod:`ladsd.engine.lease_book` and
+  :mod:`ladsd.engine.lease_pool`: references only through ``BlockPool.touch``
+  and ``BlockPool.free_blocks``, one release per lease, ``ref_cnt`` never
+  written, audit fails loudly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from ladsd import clock as _clock
+from ladsd.config import LeaseConfig
+from ladsd.engine.lease_book import LeaseBook
+from ladsd.engine.lease_pool import (
+    LeaseBlockPool,
+    LeaseIntegrityError,
+    check_pool,
+    native_refs,
+)
+from ladsd.engine.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
+from ladsd.engine.resident import resident_prefix
 from ladsd.engine.stamps import StampMixin
 
+__all__ = [
+    "AsyncLeaseScheduler",
+    "LeaseBlockPool",
+    "LeaseIntegrityError",
+    "LeaseMixin",
+    "LeaseScheduler",
+    "resident_prefix",
+]
 
-class LeaseScheduler(StampMixin, Scheduler):
-    pass
+
+class LeaseMixin:
+    """Lease API of a vLLM scheduler; every method runs on the engine thread."""
+
+    _lease_book: LeaseBook | None = None
+    _lease_seq = 0
+
+    # vLLM attributes this mixin relies on (provided by Scheduler).
+    kv_cache_manager: Any
+    cache_config: Any
+    hash_block_size: int
+    max_num_running_reqs: int
+    deferred_frees: Any
+
+    def lease_setup(
+        self, cfg: LeaseConfig, kappa: float, clock: Callable[[], float] = _clock.now
+    ) -> None:
+        """Start leasing (once, after EngineCore init; ``kappa`` is measured and frozen)."""
+        if self._lease_book is not None:
+            raise RuntimeError("lease_setup() was already called")
+        self._lease_book = LeaseBook(
+            self.kv_cache_manager,
+            cfg,
+            kappa,
+            clock,
+            load=self._lease_load,
+            hash_block_size=self.hash_block_size,
+            hash_algo=self.cache_config.prefix_caching_hash_algo,
+            native_extra=self._lease_native_extra,
+        )
+
+    @property
+    def lease_book(self) -> LeaseBook:
+        if self._lease_book is None:
+            raise RuntimeError("leases are not set up: call lease_setup() first")
+        return self._lease_book
+
+    # -- the API of the engine thread --------------------------------------
+
+    def lease_notice(self, n: HistoryNotice) -> None:
+        """Result ready: compute ``P_i``, evaluate the budget, FIFO grant before the sender."""
+        self.lease_book.notice(n)
+
+    def lease_inventory(self, inv: SenderInventory) -> None:
+        """The sender's causal inventory changed: commitment marks, replenishment."""
+        self.lease_book.inventory(inv)
+
+    def lease_bind(self, cid: ContinuationId, request_id: str) -> None:
+        """``cid`` was registered as engine request ``request_id`` (handoff target)."""
+        self.lease_book.bind(cid, request_id)
+
+    def lease_cancel(self, cid: ContinuationId) -> None:
+        """The workflow was cancelled: drop lease and candidate (idempotent)."""
+        self.lease_book.cancel(cid)
+
+    def lease_tick(self) -> None:
+        """100 ms tick: expiry, revocation, budget evaluation, replenishment."""
+        self.lease_book.tick()
+
+    def lease_state(self) -> EngineState:
+        """A fresh frozen snapshot with a new sequence number."""
+        self._lease_seq += 1
+        return self.lease_book.state(self._lease_seq)
+
+    def lease_audit(self) -> dict[str, float]:
+        """References added vs released; raises :class:`LeaseIntegrityError` on mismatch."""
+        return self.lease_book.audit()
+
+    def lease_release_all(self) -> None:
+        """End of run: release every lease."""
+        self.lease_book.release_all()
+
+    def check_integrity(self) -> None:
+        """Every block's ``ref_cnt`` == native holders + lease references, or raise."""
+        if self._lease_book is not None:
+            self._lease_book.check()
+            return
+        kv = self.kv_cache_manager
+        pool = kv.block_pool
+        check_pool(pool, native_refs(kv.coordinator, pool, self._lease_native_extra()))
+
+    def lease_resident(self, token_ids: list[int], cache_salt: str | None = None) -> int:
+        """``|P_i|`` of ``token_ids`` right now (engine thread; diagnostics and tests)."""
+        return len(
+            resident_prefix(
+                self.kv_cache_manager,
+                token_ids,
+                hash_block_size=self.hash_block_size,
+                hash_algo=self.cache_config.prefix_caching_hash_algo,
+                cache_salt=cache_salt,
+            )
+        )
+
+    # -- vLLM hooks --------------------------------------------------------
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        book = self._lease_book
+        if book is None:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        book.before_schedule()
+        out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        book.after_schedule(out.num_scheduled_tokens)
+        return out
+
+    def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False
+    ) -> bool:
+        """Drop every lease first when the reset can succeed (a held lease would fail it)."""
+        book = self._lease_book
+        if book is not None and (reset_running_requests or self._lease_only_holders()):
+            book.drop_all("reset_drops")
+        return super().reset_prefix_cache(  # type: ignore[misc]
+            reset_running_requests=reset_running_requests, reset_connector=reset_connector
+        )
+
+    def _lease_only_holders(self) -> bool:
+        """No request holds a block: vLLM's reset fails only because of leases."""
+        pool = self.kv_cache_manager.block_pool
+        return all(b.ref_cnt == pool.lease_ref(b.block_id) for b in pool.blocks if not b.is_null)
+
+    def _lease_load(self) -> tuple[int, int, int]:
+        running, waiting = self.get_request_counts()  # type: ignore[attr-defined]
+        return waiting, running, self.max_num_running_reqs
+
+    def _lease_native_extra(self) -> Iterable[Iterable[KVCacheBlock]]:
+        return [blocks for _, blocks in getattr(self, "deferred_frees", ())]
 
 
-class AsyncLeaseScheduler(StampMixin, AsyncScheduler):
-    pass
+class LeaseScheduler(LeaseMixin, StampMixin, Scheduler):
+    """vLLM's synchronous scheduler with prefix leases and first-allocation stamps."""
+
+
+class AsyncLeaseScheduler(LeaseMixin, StampMixin, AsyncScheduler):
+    """vLLM's async scheduler with prefix leases and first-allocation stamps."""

@@ -1,0 +1,122 @@
+"""The lease budget of spec section 3.1 as pure functions.
+
+Every symbol is the spec's: ``tau`` (remaining horizon), ``T_B`` (FIFO-inventory
+estimate of the time to first successful allocation), ``N`` (near-use set),
+``D`` (demand), ``C_safe`` (safe ceiling), fit, ``B`` (target), ``C``
+(committed capacity). Blocks are opaque hashable ids, so the functions are
+tested without an engine; :mod:`ladsd.engine.lease_book` feeds them the
+resident prefixes found in vLLM's prefix cache.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+
+def remaining_horizon(lifetime: float, granted_at: float | None, now: float) -> float:
+    """``tau_i(t)``: ``l`` before the first grant, ``g_i + l - t`` after it."""
+    if lifetime <= 0:
+        raise ValueError(f"lease lifetime must be positive, got {lifetime}")
+    if granted_at is None:
+        return lifetime
+    return granted_at + lifetime - now
+
+
+def engine_delay(kappa: float, waiting: int, running: int, max_seqs: int) -> float:
+    """``kappa * max(0, w + a + 1 - m)``: steps to wait for a running slot."""
+    if kappa < 0:
+        raise ValueError(f"kappa must be non-negative, got {kappa}")
+    if max_seqs <= 0:
+        raise ValueError(f"max_num_seqs must be positive, got {max_seqs}")
+    return kappa * max(0, waiting + running + 1 - max_seqs)
+
+
+def fifo_wait_times(
+    q_b: int, payload_bytes: Sequence[int], overhead: int, rate: float
+) -> list[float]:
+    """Link time of each pending frame in FIFO order: ``(Q_B + sum_{j<=i}(h+p_j)) / R``."""
+    if rate <= 0:
+        raise ValueError(f"link rate must be positive, got {rate}")
+    if q_b < 0 or overhead < 0 or any(p < 0 for p in payload_bytes):
+        raise ValueError("byte counts must be non-negative")
+    out: list[float] = []
+    acc = q_b
+    for p in payload_bytes:
+        acc += overhead + p
+        out.append(acc / rate)
+    return out
+
+
+def time_to_allocation(link_time: float, delay: float) -> float:
+    """``T_B_i = link time + engine delay`` (ours, spec 3.1)."""
+    return link_time + delay
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One current pending result as the budget sees it."""
+
+    key: Hashable
+    prefix: frozenset[Hashable]  # P_i (block ids); empty = cold
+    tau: float  # remaining horizon
+    t_b: float  # T_B_i
+
+
+def near_use_set(cands: Iterable[Candidate]) -> list[Candidate]:
+    """``N(t) = { i : P_i != {}, tau_i > 0, T_B_i <= tau_i }`` (input order kept)."""
+    return [c for c in cands if c.prefix and c.tau > 0 and c.t_b <= c.tau]
+
+
+def demand(near: Iterable[Candidate]) -> int:
+    """``D(t) = |union_{i in N} P_i|``."""
+    union: set[Hashable] = set()
+    for c in near:
+        union |= c.prefix
+    return len(union)
+
+
+def safe_ceiling(used: int, free: int, headroom: int) -> int:
+    """``C_safe(t) = max(0, U + F - H)`` (ours)."""
+    return max(0, used + free - headroom)
+
+
+def fits(near: Iterable[Candidate], c_safe: int) -> bool:
+    """Some ``i in N`` has ``|P_i| <= C_safe``."""
+    return any(len(c.prefix) <= c_safe for c in near)
+
+
+def budget_target(d: int, c_safe: int, fit: bool) -> int:
+    """``B(t) = min(D, C_safe)`` if fit else 0."""
+    return min(d, c_safe) if fit else 0
+
+
+def committed_capacity(target: int, used: int) -> int:
+    """``C(t) = max(B, U)`` (ours): a lowered target never revokes."""
+    return max(target, used)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One budget evaluation."""
+
+    near: tuple[Hashable, ...]  # keys of N(t), input order
+    D: int
+    C_safe: int
+    fit: bool
+    B: int
+    C: int
+
+
+def evaluate(cands: Sequence[Candidate], used: int, free: int, headroom: int) -> Budget:
+    """Section 3.1 end to end for the given candidates, ``U`` and ``F``."""
+    near = near_use_set(cands)
+    d = demand(near)
+    c_safe = safe_ceiling(used, free, headroom)
+    fit = fits(near, c_safe)
+    b = budget_target(d, c_safe, fit)
+    return Budget(tuple(c.key for c in near), d, c_safe, fit, b, committed_capacity(b, used))
+
+
+INF = math.inf

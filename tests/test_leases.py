@@ -1,0 +1,560 @@
+"""Prefix leases on vLLM's real Scheduler / KVCacheManager (no model, no workers).
+
+Every scenario runs ``check_integrity()`` after every operation: each block's
+``ref_cnt`` must equal its native holders plus its lease references.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.request import RequestStatus
+
+from ladsd.clock import ManualClock
+from ladsd.config import LeaseConfig
+from ladsd.engine import bare
+from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
+from ladsd.engine.leases import AsyncLeaseScheduler, LeaseScheduler
+from ladsd.engine.records import (
+    ContinuationId,
+    HistoryNotice,
+    InventoryItem,
+    Phase,
+    SenderInventory,
+)
+
+BS = 16  # block size
+
+
+def toks(seed: int, n_blocks: int) -> list[int]:
+    """A history of ``n_blocks`` full blocks, distinct per seed."""
+    return [1000 + seed * 7919 + i for i in range(n_blocks * BS)]
+
+
+@dataclass
+class Rig:
+    """A lease scheduler, a manual clock and a fake sender."""
+
+    s: Any
+    clk: ManualClock
+    items: dict[ContinuationId, InventoryItem] = field(default_factory=dict)
+    q_b: int = 0
+    rate: float = 1e6  # fast link: T_B is tiny unless a test says otherwise
+    n_req: int = 0
+
+    @property
+    def pool(self) -> LeaseBlockPool:
+        return self.s.kv_cache_manager.block_pool
+
+    @property
+    def book(self) -> Any:
+        return self.s.lease_book
+
+    def ok(self) -> None:
+        self.s.check_integrity()
+
+    def run(self, tokens: list[int], max_tokens: int = 2, rid: str | None = None) -> Any:
+        """Run a request to completion (its blocks stay cached, evictable)."""
+        req = self.add(tokens, max_tokens, rid)
+        self.until(req.is_finished)
+        return req
+
+    def add(self, tokens: list[int], max_tokens: int = 2, rid: str | None = None) -> Any:
+        self.n_req += 1
+        req = bare.make_request(rid or f"r{self.n_req}", tokens, max_tokens=max_tokens)
+        self.s.add_request(req)
+        return req
+
+    def step(self) -> Any:
+        out = bare.step(self.s)
+        self.ok()
+        return out
+
+    def until(self, done: Any, limit: int = 200) -> None:
+        """Step until ``done()`` (bounded, so a broken scenario fails instead of hanging)."""
+        for _ in range(limit):
+            if done():
+                return
+            self.step()
+        raise AssertionError(f"not reached in {limit} steps")
+
+    def notice(self, cid: ContinuationId, history: list[int], payload: int = 500) -> None:
+        n = HistoryNotice(
+            cid, tuple(history), f"p-{cid.key()}", f"d-{cid.key()}", self.clk(), payload
+        )
+        self.items[cid] = InventoryItem(cid, Phase.PENDING, payload, n.ready_time)
+        self.s.lease_notice(n)
+        self.ok()
+        self.publish()
+
+    def phase(self, cid: ContinuationId, phase: Phase) -> None:
+        self.items[cid] = replace(self.items[cid], phase=phase)
+        self.publish()
+
+    def publish(self) -> None:
+        items = tuple(sorted(self.items.values(), key=lambda i: (i.ready_time, i.cid)))
+        self.s.lease_inventory(SenderInventory(self.clk(), items, self.q_b, self.rate))
+        self.ok()
+
+    def lease(self, cid: ContinuationId) -> Any:
+        return self.s.lease_state().lease_for(cid)
+
+
+def rig(
+    cls: type = LeaseScheduler,
+    num_blocks: int = 64,
+    headroom: int = 4,
+    lifetime: float = 8.0,
+    kappa: float = 0.0,
+    enabled: bool = True,
+) -> Rig:
+    s = bare.make_scheduler(cls, num_blocks=num_blocks, block_size=BS)
+    clk = ManualClock(1000.0)
+    cfg = LeaseConfig(enabled=enabled, headroom_blocks=headroom, lease_lifetime_s=lifetime)
+    s.lease_setup(cfg, kappa, clk)
+    return Rig(s, clk)
+
+
+A = ContinuationId("wa", 1)
+B = ContinuationId("wb", 1)
+C = ContinuationId("wc", 1)
+
+
+def cont(history: list[int], seed: int = 99) -> list[int]:
+    """The continuation prompt: history + a new observation (3 blocks)."""
+    return history + toks(seed, 3)
+
+
+# -- scenarios ---------------------------------------------------------------
+
+
+def test_before_setup_the_scheduler_is_plain_vllm() -> None:
+    s = bare.make_scheduler(LeaseScheduler, num_blocks=32)
+    assert type(s.kv_cache_manager.block_pool) is BlockPool
+    req = bare.make_request("x", toks(0, 3))
+    s.add_request(req)
+    for _ in range(10):
+        bare.step(s)
+        s.check_integrity()
+    assert req.is_finished()
+    with pytest.raises(RuntimeError, match="lease_setup"):
+        s.lease_notice(HistoryNotice(A, (1,), "p", "d", 0.0, 1))
+    s.lease_setup(LeaseConfig(headroom_blocks=2), 0.0, ManualClock())
+    assert isinstance(s.kv_cache_manager.block_pool, LeaseBlockPool)
+    with pytest.raises(RuntimeError, match="already"):
+        s.lease_setup(LeaseConfig(), 0.0)
+
+
+@pytest.mark.parametrize("cls", [LeaseScheduler, AsyncLeaseScheduler])
+def test_leased_prefix_survives_a_flood_that_evicts_its_unleased_twin(cls: type) -> None:
+    r = rig(cls, num_blocks=64)
+    ha, hb = toks(1, 10), toks(2, 10)
+    r.run(ha)
+    r.run(hb)
+    assert r.s.lease_resident(ha) == 10 and r.s.lease_resident(hb) == 10
+    r.notice(A, ha)
+    assert r.lease(A) is not None and r.s.lease_state().U == 10
+    for k in range(4):  # each flood request needs 30 of the 63 usable blocks
+        r.run(toks(10 + k, 30))
+    assert r.s.lease_resident(hb) == 0  # the twin was evicted
+    assert r.s.lease_resident(ha) == 10  # the leased prefix was not
+    # The continuation of the leased history reuses it; the twin's recomputes.
+    ca = r.add(cont(ha))
+    r.s.lease_bind(A, ca.request_id)
+    cb = r.add(cont(hb))
+    out = r.step()
+    cached = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+    assert cached == {ca.request_id: 10 * BS, cb.request_id: 0}
+
+
+@pytest.mark.parametrize("cls", [LeaseScheduler, AsyncLeaseScheduler])
+def test_handoff_returns_exclusive_quota_while_the_request_runs(cls: type) -> None:
+    r = rig(cls)
+    ha = toks(1, 8)
+    r.run(ha)
+    r.notice(A, ha)
+    rec = r.lease(A)
+    assert rec.exclusive_blocks == 8 and len(rec.protected_blocks) == 8
+    r.phase(A, Phase.COMMITTED)
+    del r.items[A]  # received: leaves the inventory, lease stays until handoff
+    r.publish()
+    req = r.add(cont(ha), max_tokens=6)
+    r.s.lease_bind(A, req.request_id)
+    assert r.lease(A) is not None
+    out = r.step()
+    assert out.num_scheduled_tokens[req.request_id] > 0
+    st = r.s.lease_state()
+    assert st.lease_for(A) is None and st.U == 0
+    assert st.counters["handoffs"] == 1 and st.counters.get("handoff_mismatches", 0) == 0
+    assert req.status == RequestStatus.RUNNING
+    table = r.s.kv_cache_manager.coordinator.get_blocks(req.request_id)[0]
+    assert [b.block_id for b in table[:8]] == list(rec.protected_blocks)  # same physical blocks
+    assert all(b.ref_cnt == 1 for b in table[:8])  # only the request holds them now
+    r.until(req.is_finished)
+
+
+def test_handoff_waits_until_the_block_table_covers_the_lease() -> None:
+    r = rig()
+    ha = toks(1, 8)
+    r.run(ha)
+    r.notice(A, ha)
+    other = ha[: 4 * BS] + toks(5, 6)  # shares only 4 of the 8 protected blocks
+    req = r.add(other)
+    r.s.lease_bind(A, req.request_id)
+    r.step()
+    st = r.s.lease_state()
+    assert st.lease_for(A) is not None  # not natively covered: no handoff
+    assert st.counters["handoff_mismatches"] == 1
+    r.step()
+    assert r.s.lease_state().counters["handoff_mismatches"] == 1  # counted once per lease
+
+
+def test_expiry_at_the_deadline_from_tick_schedule_and_lease_operations() -> None:
+    r = rig(lifetime=8.0)
+    ha, hb, hc = toks(1, 4), toks(2, 4), toks(3, 4)
+    for h in (ha, hb, hc):
+        r.run(h)
+    t0 = r.clk()
+    r.notice(A, ha)
+    rec = r.lease(A)
+    assert rec.granted_at == t0 and rec.deadline == t0 + 8.0
+    r.clk.advance(7.999)
+    r.s.lease_tick()
+    assert r.lease(A) is not None
+    r.clk.advance(0.001)  # exactly d_i
+    r.s.lease_tick()
+    r.ok()
+    assert r.lease(A) is None and r.s.lease_state().counters["expiries"] == 1
+    assert r.s.lease_resident(ha) == 4  # expired, not evicted: still cached
+    # schedule() entry expires too, without a tick ...
+    r.notice(B, hb)
+    r.clk.advance(8.0)
+    r.s.schedule()
+    r.ok()
+    assert r.lease(B) is None
+    # ... and so does any lease operation.
+    r.notice(C, hc)
+    r.clk.advance(8.5)
+    r.s.lease_cancel(ContinuationId("nobody", 0))
+    assert r.lease(C) is None and r.s.lease_state().counters["expiries"] == 3
+
+
+def test_regrant_keeps_the_first_grant_time_and_deadline() -> None:
+    r = rig(num_blocks=64, headroom=20)
+    ha = toks(1, 10)
+    r.run(ha)
+    r.notice(A, ha)
+    first = r.lease(A)
+    r.clk.advance(3.0)
+    big = r.add(toks(9, 31), max_tokens=50)  # F = 63 - 10 - 31 = 22 >= 20 after prefill
+    r.step()
+    assert r.lease(A) is not None
+    r.until(lambda: r.pool.get_num_free_blocks() < 20)
+    r.step()  # schedule() entry revokes to restore H
+    assert r.lease(A) is None and r.s.lease_state().counters["revocations"] == 1
+    r.s.finish_requests(big.request_id, RequestStatus.FINISHED_ABORTED)
+    r.ok()
+    r.phase(A, Phase.COMMITTED)
+    r.clk.advance(1.0)
+    r.s.lease_tick()
+    again = r.lease(A)
+    assert again is not None and again.granted_at == first.granted_at
+    assert again.deadline == first.deadline  # no extension on regrant
+    assert again.committed_before_grant is True
+    c = r.s.lease_state().counters
+    assert c["grants_before_commit"] == 1 and c["grants_after_commit"] == 1
+
+
+def test_revocation_keeps_headroom_latest_deadline_first() -> None:
+    r = rig(num_blocks=64, headroom=20)
+    ha, hb = toks(1, 10), toks(2, 10)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha)
+    r.clk.advance(1.0)
+    r.notice(B, hb)  # later grant -> later deadline
+    assert r.s.lease_state().U == 20
+    big = r.add(toks(9, 29), max_tokens=40)  # 30 blocks once decoding: F = 43 - 30 = 13
+    r.step()
+    r.until(lambda: r.pool.get_num_free_blocks() < 20)
+    r.step()  # entry: revoke B (latest deadline) -> F = 23 >= 20; A survives
+    st = r.s.lease_state()
+    assert st.lease_for(A) is not None and st.lease_for(B) is None
+    assert st.counters["revocations"] == 1 and st.F >= 20
+    r.s.finish_requests(big.request_id, RequestStatus.FINISHED_ABORTED)
+    r.ok()
+
+
+def test_revocation_takes_untimely_handoffs_before_later_deadlines() -> None:
+    r = rig(num_blocks=64, headroom=20)
+    ha, hb = toks(1, 10), toks(2, 10)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha)
+    r.clk.advance(1.0)
+    r.notice(B, hb)
+    r.phase(B, Phase.COMMITTED)  # B's frame is on its way; A's still waits in the queue
+    r.rate = 1.0  # the link collapses: A's frame can no longer arrive before d_A
+    r.publish()
+    big = r.add(toks(9, 29), max_tokens=40)
+    r.step()
+    r.until(lambda: r.pool.get_num_free_blocks() < 20)
+    r.step()
+    st = r.s.lease_state()
+    assert st.lease_for(A) is None and st.lease_for(B) is not None
+    r.s.finish_requests(big.request_id, RequestStatus.FINISHED_ABORTED)
+    r.ok()
+
+
+def test_double_release_is_harmless() -> None:
+    r = rig()
+    ha = toks(1, 6)
+    r.run(ha)
+    r.notice(A, ha)
+    lease = r.book.leases[A]
+    blocks = list(lease.blocks)
+    req = r.add(cont(ha), max_tokens=8)  # a running request shares the blocks
+    r.step()
+    assert all(b.ref_cnt == 2 for b in blocks)
+    r.s.lease_cancel(A)
+    r.s.lease_cancel(A)
+    assert r.book._release(lease, lease_status_cancelled(), "x", r.clk()) is False
+    assert r.pool.lease_free(blocks) == 0  # no lease reference left: nothing freed
+    r.ok()
+    assert all(b.ref_cnt == 1 for b in blocks)  # the request's references are intact
+    r.s.lease_release_all()
+    r.s.lease_release_all()
+    r.until(req.is_finished)
+    audit = r.s.lease_audit()
+    assert audit["refs_added"] == audit["refs_released"] == 6
+
+
+def lease_status_cancelled() -> Any:
+    from ladsd.engine.records import LeaseStatus
+
+    return LeaseStatus.CANCELLED
+
+
+def test_shared_blocks_between_two_leases_and_a_running_request() -> None:
+    r = rig(num_blocks=96)
+    shared = toks(1, 5)
+    ha, hb = shared + toks(2, 3), shared + toks(3, 3)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha)
+    r.notice(B, hb)
+    st = r.s.lease_state()
+    assert st.U == 11  # 5 shared + 3 + 3
+    assert st.lease_for(A).exclusive_blocks == 3 and st.lease_for(B).exclusive_blocks == 3
+    sblocks = r.book.leases[A].blocks[:5]
+    assert [r.pool.lease_ref(b.block_id) for b in sblocks] == [2] * 5
+    req = r.add(shared + toks(4, 4), max_tokens=6)
+    r.step()
+    assert [b.ref_cnt for b in sblocks] == [3] * 5  # two leases + one request
+    r.s.lease_cancel(A)
+    r.ok()
+    assert [b.ref_cnt for b in sblocks] == [2] * 5
+    assert r.lease(B).exclusive_blocks == 8  # the shared blocks are B's alone now
+    r.until(req.is_finished)
+    assert [b.ref_cnt for b in sblocks] == [1] * 5
+    r.s.lease_cancel(B)
+    r.ok()
+    assert all(b.ref_cnt == 0 for b in sblocks)
+    assert r.s.lease_resident(ha) == 8  # back in the free queue, still cached
+
+
+def test_grant_rule_budget_target_and_denial_events() -> None:
+    # 63 usable blocks, H = 20. A is leased and then received (bound): its 10
+    # blocks count in U but no longer in the near-use demand D.
+    r = rig(num_blocks=64, headroom=20)
+    ha, hb = toks(1, 10), toks(2, 10)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha)
+    r.s.lease_bind(A, "ra")
+    del r.items[A]
+    r.publish()
+    # N = {B}: D = 10, C_safe = 10 + 53 - 20 = 43, fit, B = 10; U + Delta = 20 > 10.
+    r.notice(B, hb)
+    st = r.s.lease_state()
+    assert (st.U, st.B, st.C) == (10, 10, 10)
+    assert st.lease_for(B) is None
+    assert [(d.cid, d.delta, d.budget, d.used) for d in st.denials] == [(B, 10, 10, 10)]
+    assert all(d.generation == st.generation for d in st.denials)
+    n = st.counters["denials"]
+    r.s.lease_tick()  # a new generation carries its own denial
+    st2 = r.s.lease_state()
+    assert st2.generation == st.generation + 1
+    assert [d.generation for d in st2.denials] == [st2.generation]
+    assert st2.counters["denials"] == n + 1
+    r.s.lease_cancel(A)  # the release returns quota: replenishment grants B
+    assert r.lease(B) is not None
+
+
+def test_no_fit_means_target_zero_and_no_denial() -> None:
+    # C_safe = 0 + 63 - 58 = 5 < |P_a| = 10: nothing fits, B = 0, no denial event.
+    r = rig(num_blocks=64, headroom=58)
+    ha = toks(1, 10)
+    r.run(ha)
+    r.notice(A, ha)
+    st = r.s.lease_state()
+    assert st.B == 0 and st.lease_for(A) is None and not st.denials
+    assert st.counters["headroom_refusals"] >= 1
+
+
+def test_headroom_refusal_guards_a_stale_target() -> None:
+    # B was set while the pool was emptier; F then dropped. F_after >= H holds the line.
+    r = rig(num_blocks=64, headroom=20)
+    ha = toks(1, 10)
+    r.run(ha)
+    r.rate = 1.0  # A is not near use yet: no grant at readiness
+    r.notice(A, ha)
+    assert r.lease(A) is None
+    r.book.budget = replace(r.book.budget, B=100)  # the stale target
+    big = r.add(toks(9, 32), max_tokens=4)
+    small = r.add(toks(8, 2), max_tokens=4)
+    r.step()
+    r.step()  # big and small hold ~36 blocks; A's 10 are free, cached, counted in F
+    assert r.s.lease_resident(ha) == 10 and 20 <= r.pool.get_num_free_blocks() < 30
+    r.rate = 1e6
+    r.publish()  # replenishment without evaluation: F - 10 free blocks taken < 20
+    st = r.s.lease_state()
+    assert st.lease_for(A) is None and not st.denials
+    assert st.counters["headroom_refusals"] == 1
+    r.s.finish_requests([big.request_id, small.request_id], RequestStatus.FINISHED_ABORTED)
+    r.ok()
+    r.publish()  # F = 63 again: the same stale target now grants
+    assert r.lease(A) is not None
+
+
+def test_near_use_needs_a_timely_fifo_estimate() -> None:
+    r = rig()
+    ha, hb = toks(1, 4), toks(2, 4)
+    r.run(ha)
+    r.run(hb)
+    r.rate = 4000.0
+    r.q_b = 40_000  # 10 s of committed bytes ahead: T_B > l = 8 s
+    r.publish()
+    r.notice(A, ha)
+    assert r.lease(A) is None and r.s.lease_state().resident == ((A, 4),)
+    r.q_b = 0
+    r.publish()  # replenishment sees a timely A under the old B = 0 ...
+    assert r.lease(A) is None
+    r.s.lease_tick()  # ... and the next evaluation grants it
+    assert r.lease(A) is not None
+
+
+def test_disabled_leases_publish_resident_sizes_but_take_no_references() -> None:
+    r = rig(enabled=False)
+    ha = toks(1, 6)
+    r.run(ha)
+    r.notice(A, ha)
+    r.notice(B, toks(2, 6))  # cold
+    r.s.lease_tick()
+    st = r.s.lease_state()
+    assert dict(st.resident) == {A: 6, B: 0}
+    assert st.U == st.B == st.C == 0 and st.leases == ()
+    assert r.pool.refs_added == 0
+
+
+def test_version_invalidation_and_repeated_notices() -> None:
+    r = rig()
+    ha = toks(1, 5)
+    r.run(ha)
+    r.notice(A, ha)
+    r.notice(A, ha)  # a repeat leaves the lease unchanged
+    assert r.s.lease_state().counters["repeat_notices"] == 1
+    newer = replace(A, version=1)
+    r.notice(newer, ha)
+    st = r.s.lease_state()
+    assert st.lease_for(A) is None and st.lease_for(newer) is not None
+    assert st.counters["invalidations"] == 1
+    r.notice(A, ha)  # the superseded version is refused
+    assert r.s.lease_state().counters["stale_notices"] == 1
+
+
+def test_cancel_via_inventory_and_reset_prefix_cache_drops_leases_first() -> None:
+    r = rig()
+    ha, hb = toks(1, 5), toks(2, 5)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha)
+    r.notice(B, hb)
+    r.phase(A, Phase.CANCELLED)
+    assert r.lease(A) is None and r.s.lease_state().counters["cancellations"] == 1
+    assert r.s.reset_prefix_cache() is True
+    r.ok()
+    st = r.s.lease_state()
+    assert st.leases == () and st.counters["reset_drops"] == 1
+    assert r.s.lease_resident(hb) == 0
+
+
+def test_a_stripped_hash_cuts_the_lease_at_that_block() -> None:
+    r = rig()
+    ha = toks(1, 8)
+    r.run(ha)
+    r.notice(A, ha)
+    blocks = list(r.book.leases[A].blocks)
+    r.s.kv_cache_manager.evict_blocks({blocks[5].block_id})  # e.g. a KV connector
+    r.ok()  # tolerated until the next lease operation drains it
+    r.s.lease_tick()
+    r.ok()
+    lease = r.book.leases[A]
+    assert [b.block_id for b in lease.blocks] == [b.block_id for b in blocks[:5]]
+    assert r.s.lease_state().counters["stripped_blocks"] == 3
+    assert all(b.ref_cnt == 0 for b in blocks[5:])
+
+
+def test_integrity_check_and_audit_fail_loudly() -> None:
+    r = rig()
+    ha = toks(1, 4)
+    r.run(ha)
+    r.notice(A, ha)
+    block = r.book.leases[A].blocks[0]
+    r.pool.touch([block])  # a reference nobody owns
+    with pytest.raises(LeaseIntegrityError, match=f"block {block.block_id}"):
+        r.s.check_integrity()
+    r.pool.free_blocks([block])
+    r.ok()
+    r.pool.refs_added += 1  # a reference the ledger never saw released
+    with pytest.raises(LeaseIntegrityError, match="added"):
+        r.s.lease_audit()
+    r.pool.refs_added -= 1
+    r.s.lease_release_all()
+    audit = r.s.lease_audit()
+    assert audit["refs_added"] == audit["refs_released"] == 4 and audit["refs_held"] == 0
+
+
+def test_published_state_is_version_bound_and_sequenced() -> None:
+    r = rig(kappa=0.5)
+    ha = toks(1, 4)
+    r.run(ha)
+    r.notice(A, ha)
+    s1, s2 = r.s.lease_state(), r.s.lease_state()
+    assert s2.seq == s1.seq + 1
+    rec = s1.lease_for(A)
+    assert (rec.prefix_digest, rec.payload_digest) == (f"p-{A.key()}", f"d-{A.key()}")
+    assert rec.generation == s1.generation and rec.exclusive_blocks == 4
+    assert (s1.m, s1.kappa, s1.total_blocks) == (8, 0.5, 63)
+    r.clk.advance(2.0)
+    st = r.s.lease_state()
+    assert st.counters["protection_block_s"] == pytest.approx(4 * 2.0)
+    assert st.counters["grants"] == 1 and st.counters["grants_before_commit"] == 1
+
+
+def test_cache_salt_is_part_of_the_resident_prefix() -> None:
+    r = rig()
+    ha = toks(1, 4)
+    req = bare.make_request("salted", ha, cache_salt="tenant-1")
+    r.s.add_request(req)
+    r.until(req.is_finished)
+    assert r.s.lease_resident(ha) == 0
+    assert r.s.lease_resident(ha, cache_salt="tenant-1") == 4
+    n = HistoryNotice(A, tuple(ha), "p", "d", r.clk(), 10, cache_salt="tenant-1")
+    r.s.lease_notice(n)
+    r.items[A] = InventoryItem(A, Phase.PENDING, 10, n.ready_time)
+    r.publish()
+    assert r.lease(A) is not None and len(r.lease(A).protected_blocks) == 4
