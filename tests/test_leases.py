@@ -558,3 +558,23 @@ def test_cache_salt_is_part_of_the_resident_prefix() -> None:
     r.items[A] = InventoryItem(A, Phase.PENDING, 10, n.ready_time)
     r.publish()
     assert r.lease(A) is not None and len(r.lease(A).protected_blocks) == 4
+
+
+def test_inventory_before_notice_counts_the_frame_once() -> None:
+    r = rig()
+    ha = toks(1, 4)
+    r.run(ha)
+    r.rate = 4000.0
+    r.items[A] = InventoryItem(A, Phase.PENDING, 500, r.clk())
+    r.publish()  # the sender lists A before the engine hears of it
+    r.s.lease_notice(HistoryNotice(A, tuple(ha), "p", "d", r.clk(), 500))
+    assert r.book._link_times() == {A: pytest.approx((1028 + 500) / 4000.0)}
+    assert r.lease(A) is not None
+    r.phase(A, Phase.RECEIVED)
+    r.s.lease_notice(HistoryNotice(B, tuple(ha), "p", "d", r.clk(), 5))
+    late = ContinuationId("late", 1)
+    r.items[late] = InventoryItem(late, Phase.RECEIVED, 5, r.clk())
+    r.publish()
+    r.s.lease_notice(HistoryNotice(late, tuple(ha), "p", "d", r.clk(), 5))
+    assert r.s.lease_state().counters["late_notices"] == 1
+    assert late not in r.book.pending

@@ -29,6 +29,7 @@ from ladsd.engine.records import (
     Phase,
     SenderInventory,
 )
+from ladsd.engine.resident import flatten, lookup
 
 BS = 16
 H = 6
@@ -205,6 +206,15 @@ class LeaseMachine(RuleBasedStateMachine):
         for x in self.book.leases.values():
             assert x.deadline == self.book.first_grant[x.cid] + LIFETIME
             assert all(b.ref_cnt >= 1 for b in x.blocks)
+
+    @invariant()
+    def residency(self) -> None:
+        """The cached ``P_i`` of every candidate equals a fresh vLLM lookup."""
+        kv = self.s.kv_cache_manager
+        for p in list(self.book.pending.values()):
+            cached = [b.block_hash for b in self.book._resident(p)]
+            fresh = flatten(lookup(kv, p.hashes, len(p.notice.token_ids)))
+            assert cached == [b.block_hash for b in fresh]
 
     @invariant()
     def headroom(self) -> None:

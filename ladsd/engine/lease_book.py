@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import BlockHash, BlockHashWithGroupId, KVCacheBlock
@@ -52,7 +52,7 @@ from ladsd.engine.records import (
     Phase,
     SenderInventory,
 )
-from ladsd.engine.resident import Hasher, flatten, lookup, make_hasher, prefix_hashes
+from ladsd.engine.resident import Hasher, flatten, lookup_hit, make_hasher, prefix_hashes
 
 Load = Callable[[], tuple[int, int, int]]  # (w waiting, a running, m max_num_seqs)
 FifoKey = tuple[float, str, int, int]
@@ -94,6 +94,9 @@ class Pending:
     hashes: list[BlockHash]
     resident: tuple[list[KVCacheBlock], ...] = ()
     size: int = 0  # |P_i| at the last lookup
+    complete: bool = False  # every full block of the history was resident
+    checked: list[tuple[KVCacheBlock, BlockHashWithGroupId | None]] = field(default_factory=list)
+    epoch: int = -1  # pool hash epoch of the last check
     listed: bool = False  # seen in a sender inventory
 
     @property
@@ -142,6 +145,7 @@ class LeaseBook:
         self.bound: dict[str, ContinuationId] = {}  # request id -> continuation
         self.latest_version: dict[tuple[str, int], int] = {}
         self.inv: SenderInventory | None = None
+        self.inv_phase: dict[ContinuationId, Phase] = {}  # phases in the latest inventory
 
         self.generation = 0
         self.budget = _NO_BUDGET
@@ -167,7 +171,11 @@ class LeaseBook:
         if n.cid in self.pending or n.cid in self.leases:
             self.counters["repeat_notices"] += 1  # a repeat leaves the lease unchanged
             return
-        self.pending[n.cid] = Pending(n, self._hash(n))
+        phase = self.inv_phase.get(n.cid)
+        if phase in (Phase.RECEIVED, Phase.CANCELLED):
+            self.counters["late_notices"] += 1  # nothing left to protect ahead of receipt
+            return
+        self.pending[n.cid] = Pending(n, self._hash(n), listed=phase is not None)
         view = self._view(now)
         self._evaluate(now, view)
         self._replenish(now, view)
@@ -181,6 +189,7 @@ class LeaseBook:
         seen_before = {c for c, p in self.pending.items() if p.listed}
         fresh = self.inv is None
         self.inv = inv
+        self.inv_phase = {it.cid: it.phase for it in inv.items}
         listed: set[ContinuationId] = set()
         for it in inv.items:
             self._supersede(it.cid)
@@ -235,8 +244,9 @@ class LeaseBook:
     def after_schedule(self, num_scheduled_tokens: dict[str, int]) -> None:
         """Handoff of bound continuations whose allocation succeeded this step."""
         now = self.clock()
-        for req_id, cid in list(self.bound.items()):
-            if num_scheduled_tokens.get(req_id, 0) <= 0:
+        for req_id, n in num_scheduled_tokens.items():
+            cid = self.bound.get(req_id)
+            if cid is None or n <= 0:
                 continue
             lease = self.leases.get(cid)
             if lease is None:
@@ -262,6 +272,9 @@ class LeaseBook:
         self.bound.clear()
         self.first_grant.clear()
         self.committed.clear()
+        self.latest_version.clear()
+        self.inv, self.inv_phase = None, {}
+        self.denials = []
         self._released = False
         self._released_all = True
 
@@ -307,9 +320,9 @@ class LeaseBook:
         self._released = True
 
     def _expire(self, now: float) -> None:
-        for lease in sorted(self.leases.values(), key=lambda x: x.key):
-            if lease.deadline <= now:
-                self._release(lease, LeaseStatus.EXPIRED, "expiries", now)
+        due = [x for x in self.leases.values() if x.deadline <= now]
+        for lease in sorted(due, key=lambda x: x.key):
+            self._release(lease, LeaseStatus.EXPIRED, "expiries", now)
 
     def _revoke(self, now: float) -> None:
         """Keep ``H`` free: untimely handoffs first, then latest deadline first (ours)."""
@@ -349,14 +362,33 @@ class LeaseBook:
         out: list[tuple[Pending, bud.Candidate]] = []
         for p in sorted(self.pending.values(), key=lambda x: x.key):
             cid = p.notice.cid
-            p.resident = lookup(self.kv, p.hashes, len(p.notice.token_ids))
-            blocks = flatten(p.resident)
-            p.size = len(blocks)
+            blocks = self._resident(p)
             tau = bud.remaining_horizon(self.cfg.lease_lifetime_s, self.first_grant.get(cid), now)
             t_b = bud.time_to_allocation(link.get(cid, math.inf), delay)
             ids = frozenset(b.block_id for b in blocks)
             out.append((p, bud.Candidate(cid, ids, tau, t_b)))
         return out
+
+    def _resident(self, p: Pending) -> list[KVCacheBlock]:
+        """``P_i`` now; a complete prefix whose hashes all still hold is not looked up again.
+
+        Removing a hash is the only way a complete prefix can change, so the
+        check is O(1) while no hash was removed anywhere, O(|P_i|) attribute
+        reads after one (far cheaper than vLLM's lookup), and a full lookup when
+        the prefix was incomplete (it may have grown) or broke.
+        """
+        epoch = self.pool.hash_epoch
+        if p.complete and (p.epoch == epoch or all(b.block_hash == h for b, h in p.checked)):
+            p.epoch = epoch
+            return [b for b, _ in p.checked]
+        n = len(p.notice.token_ids)
+        p.resident, hit = lookup_hit(self.kv, p.hashes, n)
+        blocks = flatten(p.resident)
+        p.size = len(blocks)
+        p.checked = [(b, b.block_hash) for b in blocks]
+        p.complete = bool(blocks) and hit >= n // self._hash_args[0] * self._hash_args[0]
+        p.epoch = epoch
+        return blocks
 
     def _evaluate(self, now: float, view: list[tuple[Pending, bud.Candidate]]) -> None:
         """One budget evaluation: a new generation with its own denial list."""

@@ -64,6 +64,7 @@ class LeaseBlockPool(BlockPool):
         self.refs_added = 0
         self.refs_released = 0
         self._stripped: set[int] = set()
+        self.hash_epoch = 0  # bumps whenever any block loses a prefix-cache hash
 
     # -- lease references -------------------------------------------------
 
@@ -105,9 +106,17 @@ class LeaseBlockPool(BlockPool):
 
     def _remove_cached_block_hashes(self, block: KVCacheBlock) -> list[BlockHashWithGroupId]:
         removed = super()._remove_cached_block_hashes(block)
-        if removed and block.block_id in self.lease_refs:
-            self._stripped.add(block.block_id)
+        if removed:
+            self.hash_epoch += 1
+            if block.block_id in self.lease_refs:
+                self._stripped.add(block.block_id)
         return removed
+
+    def reset_prefix_cache(self) -> bool:
+        ok = super().reset_prefix_cache()
+        if ok:  # every hash is gone at once (not through _remove_cached_block_hashes)
+            self.hash_epoch += 1
+        return ok
 
     def take_stripped(self) -> set[int]:
         """Leased block ids whose hash was removed since the last call."""

@@ -55,14 +55,21 @@ def prefix_hashes(
     return list(probe.block_hashes)
 
 
+def lookup_hit(
+    kv: KVCacheManager, hashes: list[BlockHash], num_tokens: int
+) -> tuple[tuple[list[KVCacheBlock], ...], int]:
+    """Per-group resident blocks of the longest cached prefix (null blocks kept), hit tokens."""
+    if not kv.enable_caching or not hashes or num_tokens <= 0:
+        return tuple([] for _ in range(kv.num_kv_cache_groups)), 0
+    groups, hit, _ = kv.coordinator.find_longest_cache_hit(hashes, num_tokens)
+    return tuple(list(g) for g in groups), hit
+
+
 def lookup(
     kv: KVCacheManager, hashes: list[BlockHash], num_tokens: int
 ) -> tuple[list[KVCacheBlock], ...]:
     """Per-group resident blocks of the longest cached prefix (null blocks kept)."""
-    if not kv.enable_caching or not hashes or num_tokens <= 0:
-        return tuple([] for _ in range(kv.num_kv_cache_groups))
-    groups, _, _ = kv.coordinator.find_longest_cache_hit(hashes, num_tokens)
-    return tuple(list(g) for g in groups)
+    return lookup_hit(kv, hashes, num_tokens)[0]
 
 
 def flatten(groups: Sequence[Sequence[KVCacheBlock]]) -> list[KVCacheBlock]:
