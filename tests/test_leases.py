@@ -188,7 +188,7 @@ def test_handoff_returns_exclusive_quota_while_the_request_runs(cls: type) -> No
     assert out.num_scheduled_tokens[req.request_id] > 0
     st = r.s.lease_state()
     assert st.lease_for(A) is None and st.U == 0
-    assert st.counters["handoffs"] == 1 and st.counters.get("handoff_mismatches", 0) == 0
+    assert st.counters["handoffs"] == 1 and st.counters["handoff_mismatches"] == 0
     assert req.status == RequestStatus.RUNNING
     table = r.s.kv_cache_manager.coordinator.get_blocks(req.request_id)[0]
     assert [b.block_id for b in table[:8]] == list(rec.protected_blocks)  # same physical blocks
@@ -541,7 +541,7 @@ def test_published_state_is_version_bound_and_sequenced() -> None:
     assert (s1.m, s1.kappa, s1.total_blocks) == (8, 0.5, 63)
     r.clk.advance(2.0)
     st = r.s.lease_state()
-    assert st.counters["protection_block_s"] == pytest.approx(4 * 2.0)
+    assert st.counters["protection_block_seconds"] == pytest.approx(4 * 2.0)
     assert st.counters["grants"] == 1 and st.counters["grants_before_commit"] == 1
 
 

@@ -203,6 +203,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def integrity(self) -> None:
         self.s.check_integrity()
         assert self.pool.num_leased_blocks == len(self.book.holders)
+        assert self.book.records() == self.book._build_records()  # the cache is current
         for x in self.book.leases.values():
             assert x.deadline == self.book.first_grant[x.cid] + LIFETIME
             assert all(b.ref_cnt >= 1 for b in x.blocks)

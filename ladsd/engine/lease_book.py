@@ -59,6 +59,21 @@ FifoKey = tuple[float, str, int, int]
 
 _NO_BUDGET = bud.Budget((), 0, 0, False, 0, 0)
 
+# Always published (zero until they happen); names shared with ladsd.metrics.
+COUNTERS = (
+    "grants",
+    "grants_before_commit",
+    "grants_after_commit",
+    "expiries",
+    "handoffs",
+    "handoff_mismatches",
+    "revocations",
+    "denials",
+    "headroom_refusals",
+    "cancellations",
+    "invalidations",
+)
+
 
 def fifo_key(ready_time: float, cid: ContinuationId) -> FifoKey:
     """Grant order: (ready time, identity, version), independent of sender priority."""
@@ -97,6 +112,7 @@ class Pending:
     complete: bool = False  # every full block of the history was resident
     checked: list[tuple[KVCacheBlock, BlockHashWithGroupId | None]] = field(default_factory=list)
     epoch: int = -1  # pool hash epoch of the last check
+    ids: frozenset[int] = frozenset()  # block ids of P_i
     listed: bool = False  # seen in a sender inventory
 
     @property
@@ -156,6 +172,7 @@ class LeaseBook:
         self._u_t = clock()
         self._released = False  # a release since the last replenishment
         self._released_all = False
+        self._records: tuple[tuple[int, int, int], tuple[LeaseRecord, ...]] = ((-1, -1, -1), ())
 
     # -- public operations (engine thread) ---------------------------------
 
@@ -219,6 +236,7 @@ class LeaseBook:
         if lease is not None:
             lease.req_id = req_id
             self.bound[req_id] = cid
+        self._refill(self.clock())
 
     def cancel(self, cid: ContinuationId) -> None:
         """Workflow cancelled: drop the lease and the candidate (idempotent)."""
@@ -362,11 +380,10 @@ class LeaseBook:
         out: list[tuple[Pending, bud.Candidate]] = []
         for p in sorted(self.pending.values(), key=lambda x: x.key):
             cid = p.notice.cid
-            blocks = self._resident(p)
+            self._resident(p)
             tau = bud.remaining_horizon(self.cfg.lease_lifetime_s, self.first_grant.get(cid), now)
             t_b = bud.time_to_allocation(link.get(cid, math.inf), delay)
-            ids = frozenset(b.block_id for b in blocks)
-            out.append((p, bud.Candidate(cid, ids, tau, t_b)))
+            out.append((p, bud.Candidate(cid, p.ids, tau, t_b)))
         return out
 
     def _resident(self, p: Pending) -> list[KVCacheBlock]:
@@ -386,6 +403,7 @@ class LeaseBook:
         blocks = flatten(p.resident)
         p.size = len(blocks)
         p.checked = [(b, b.block_hash) for b in blocks]
+        p.ids = frozenset(b.block_id for b in blocks)
         p.complete = bool(blocks) and hit >= n // self._hash_args[0] * self._hash_args[0]
         p.epoch = epoch
         return blocks
@@ -417,9 +435,9 @@ class LeaseBook:
         self._released = False
         if not self.cfg.enabled:
             return
-        near = set(bud.near_use_set(c for _, c in view))
+        near = {c.key for c in bud.near_use_set(c for _, c in view)}
         for p, c in view:
-            if c in near and p.notice.cid not in self.leases:
+            if c.key in near and p.notice.cid not in self.leases:
                 self._grant(p, c, now)
 
     def _grant(self, p: Pending, c: bud.Candidate, now: float) -> bool:
@@ -588,6 +606,13 @@ class LeaseBook:
     # -- publication and audit ---------------------------------------------
 
     def records(self) -> tuple[LeaseRecord, ...]:
+        """Active lease records, rebuilt only after a lease change or a new generation."""
+        key = (self.pool.refs_added, self.pool.refs_released, self.generation)
+        if self._records[0] != key:
+            self._records = (key, self._build_records())
+        return self._records[1]
+
+    def _build_records(self) -> tuple[LeaseRecord, ...]:
         return tuple(
             LeaseRecord(
                 cid=x.cid,
@@ -606,8 +631,9 @@ class LeaseBook:
 
     def snapshot_counters(self, now: float) -> dict[str, float]:
         self._integrate(now)
-        out: dict[str, float] = {k: float(v) for k, v in self.counters.items()}
-        out["protection_block_s"] = self._u_area
+        out: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
+        out.update((k, float(v)) for k, v in self.counters.items())
+        out["protection_block_seconds"] = self._u_area
         out["refs_added"] = float(self.pool.refs_added)
         out["refs_released"] = float(self.pool.refs_released)
         out["active_leases"] = float(len(self.leases))
