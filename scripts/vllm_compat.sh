@@ -17,20 +17,29 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 DIR="$ROOT/vllm-sdist"
 VER=0.32.0
 SRC="$DIR/vllm-$VER"
-URL="https://files.pythonhosted.org/packages/d5/df/5471312c76e335eaa2b8333e87ea39f0d37bfe24f10a582620e34ff12e33/vllm-$VER.tar.gz"
 SHA=d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad
 SUITE=tests/v1/core/test_prefix_caching.py
 
 if [ ! -f "$SRC/$SUITE" ]; then
     mkdir -p "$DIR"
     if [ ! -f "$DIR/vllm-$VER.tar.gz" ]; then
-        # pip prepares an sdist's metadata before saving it; vLLM's setup.py
-        # needs these build helpers (kept in $DIR/.tools, not in the venv).
-        # A direct, hash-pinned URL: the metadata version is 0.32.0+empty.
-        "$PY" -m pip install -q --no-deps --target "$DIR/.tools" \
-            setuptools-rust setuptools-scm semantic-version vcs-versioning
-        PYTHONPATH="$DIR/.tools" VLLM_TARGET_DEVICE=empty "$PY" -m pip download -q \
-            --no-deps --no-build-isolation -d "$DIR" "vllm @ $URL#sha256=$SHA"
+        # pip cannot save this sdist by name (preparing its metadata reports
+        # 0.32.0+empty), so take the file from pip's own index page for vllm
+        # and pin it by sha256.
+        "$PY" - "$DIR/vllm-$VER.tar.gz" "$VER" "$SHA" <<'PY'
+import hashlib, re, sys, urllib.parse, urllib.request
+from pip._internal.models.index import PyPI
+out, ver, sha = sys.argv[1:]
+index = PyPI.simple_url.rstrip("/") + "/vllm/"
+page = urllib.request.urlopen(index, timeout=60).read().decode()
+m = re.search(r'href="([^"]*/vllm-' + re.escape(ver) + r'\.tar\.gz)[#"]', page)
+if not m:
+    sys.exit(f"vllm-{ver}.tar.gz not found on the package index")
+data = urllib.request.urlopen(urllib.parse.urljoin(index, m.group(1)), timeout=300).read()
+if hashlib.sha256(data).hexdigest() != sha:
+    sys.exit(f"vllm-{ver}.tar.gz: sha256 mismatch")
+open(out, "wb").write(data)
+PY
     fi
     tar -xzf "$DIR/vllm-$VER.tar.gz" -C "$DIR" "vllm-$VER/tests" "vllm-$VER/pyproject.toml"
 fi
