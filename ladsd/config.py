@@ -130,7 +130,7 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         name="cpu",
         engine=EngineConfig(
-            model="smollm2-shape-8l",
+            model="smollm2-shape-6l",
             max_model_len=4096,
             block_size=32,
             num_gpu_blocks_override=24630 // 32,  # 1/8 of the paper's pool

@@ -76,6 +76,12 @@ PROFILES: dict[str, ModelProfile] = {
         "tiny Llama shape for fast tests (2 layers, hidden 128, head_dim 64), dummy weights",
         _llama_shape(2, 128, 2, 1, 256),
     ),
+    "smollm2-shape-6l": ModelProfile(
+        "smollm2-shape-6l",
+        True,
+        "SmolLM2-135M config with 6 of 30 layers, dummy weights (CPU replay, calibrated)",
+        _llama_shape(6, 576, 9, 3, 1536),
+    ),
     "smollm2-shape-8l": ModelProfile(
         "smollm2-shape-8l",
         True,
