@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from cli import replay as replay_cmd
+from cli.capture import capture_app
 from cli.catalog import catalog_app
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -24,6 +25,7 @@ model_app = typer.Typer(
 )
 app.add_typer(model_app, name="model")
 app.add_typer(catalog_app, name="catalog")
+app.add_typer(capture_app, name="capture")
 console = Console()
 
 
@@ -98,19 +100,6 @@ def model_list() -> None:
             path = f"[red]{e}[/red]"
         t.add_row(name, "dummy" if prof.dummy else "real", prof.description, path)
     console.print(t)
-
-
-def _not_yet(what: str, issue: int) -> None:
-    console.print(
-        f"[yellow]`ladsd {what}` is not available yet[/yellow] (planned in issue {issue})."
-    )
-    raise typer.Exit(2)
-
-
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def capture(ctx: typer.Context) -> None:
-    """Run the shopping tasks as real agent workflows and record their paths (JSONL)."""
-    _not_yet("capture", 5)
 
 
 app.command()(replay_cmd.replay)
