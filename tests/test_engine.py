@@ -108,3 +108,11 @@ async def test_structured_output_parses(smol):
     obj = json.loads(out.text)
     assert set(obj) == {"city", "country"}
     assert " " not in out.text.replace(obj["city"], "").replace(obj["country"], "")
+
+
+async def test_seeded_request_refused_on_cpu_engine_keeps_running(tiny):
+    if not tiny._cpu:
+        pytest.skip("GPU engine: per-request seeds are supported")
+    with pytest.raises(EngineError, match="seeds"):
+        await tiny.complete(ids(10), sampling(max_tokens=2, seed=3))
+    assert len((await tiny.complete(ids(10), sampling(max_tokens=2))).token_ids) == 2

@@ -107,6 +107,7 @@ class EngineThread:
         self.steps = 0
         self.step_errors = 0
         self.command_cpu_s = 0.0  # engine-thread CPU in lease commands and ticks
+        self._cpu = not has_cuda()
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> EngineThread:
@@ -181,6 +182,10 @@ class EngineThread:
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._live:
             raise EngineError(f"request id {rid!r} is already in flight")
+        if getattr(params, "seed", None) is not None and self._cpu:
+            # vLLM 0.32's CPU runner fails the whole step when a seeded request's
+            # prompt spans steps (CPU generators have no offset): refuse it here.
+            raise EngineError("per-request seeds are not supported by vLLM 0.32 on CPU")
         ids = self.tokens(prompt)
         self._live[rid] = _Live(out=asyncio.Queue(), a=clock.now())
         self._cmds.put((_AddRequest(rid, ids, params, cid), None))
