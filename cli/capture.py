@@ -27,7 +27,7 @@ from web_catalog.db import open_catalog
 from web_catalog.tasks import TASKS_PATH, Task
 
 BackendFactory = Callable[[], AbstractAsyncContextManager[Backend]]
-DEFAULT_OUT = Path("traces/tasks.jsonl")
+DEFAULT_OUT = Path("traces/smollm2-16tasks.jsonl")
 
 capture_app = typer.Typer(
     help="Run agent workflows and record their paths as traces (JSONL).", no_args_is_help=True
@@ -175,11 +175,15 @@ def tasks_cmd(
     per_call_seed: bool = typer.Option(
         False, help="Seed every call (seed/task/turn). Not on CPU: vLLM 0.32 fails the step."
     ),
+    backend: str = typer.Option(
+        "link", help="link: results travel the paced TCP link (gzip6, 48 kbit/s); direct: none."
+    ),
+    policy: str = typer.Option("fifo", help="Delivery policy of the link backend."),
     model: str = typer.Option("smollm2-135m", help="Model profile (see `ladsd model list`)."),
     max_model_len: int = typer.Option(8192, help="Context limit in tokens."),
     verbose: bool = typer.Option(False, help="Show vLLM's own logs."),
 ) -> None:
-    """Run the shopping tasks concurrently as ReAct workflows (direct engine backend)."""
+    """Run the shopping tasks concurrently as ReAct workflows; write the trace."""
     import logging
     import os
 
@@ -189,6 +193,7 @@ def tasks_cmd(
     import uvloop
 
     from ladsd.agent.backend import direct_backend
+    from ladsd.agent.link_backend import link_backend
     from ladsd.config import EngineConfig
     from ladsd.engine.models import ModelError
     from ladsd.engine.thread import EngineError
@@ -208,8 +213,17 @@ def tasks_cmd(
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from None
     engine = EngineConfig(model=model, max_model_len=max_model_len, seed=seed)
+    if backend not in ("link", "direct"):
+        console.print(f"[red]error:[/red] unknown backend {backend!r} (link or direct)")
+        raise typer.Exit(1)
+
+    def factory():  # noqa: ANN202 - an async context manager yielding a Backend
+        if backend == "direct":
+            return direct_backend(engine)
+        return link_backend(engine, policy)
+
     try:
-        uvloop.run(capture_tasks(lambda: direct_backend(engine), chosen, seed, out, cfg=cfg))
+        uvloop.run(capture_tasks(factory, chosen, seed, out, cfg=cfg))
     except (CatalogMissing, ModelError, EngineError, tr.TraceError, OSError) as e:
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from None
