@@ -21,21 +21,19 @@ from ladsd.delivery import make_policy
 from ladsd.engine.params import sampling
 from ladsd.engine.records import ContinuationId
 from ladsd.engine.thread import EngineThread
-from ladsd.metrics.events import CallRecord, LeaseSample, RunRecord, WorkflowRecord, new_counters
+from ladsd.metrics.events import (
+    POLICIES,
+    CallRecord,
+    LeaseSample,
+    RunRecord,
+    WorkflowRecord,
+    new_counters,
+)
 from ladsd.runtime import CallOutcome, Runtime
 from ladsd.workloads.cohort import Cohorts
 from ladsd.workloads.spec import WorkflowSpec, Workload
 
-REPLAY_POLICIES = (
-    "fifo",
-    "size-first",
-    "tail-release",
-    "cache-first",
-    "cache-first-noleases",
-    "turnover-off",
-    "lads",
-    "infinite-cache",
-)
+REPLAY_POLICIES = POLICIES  # the seven policies plus the infinite-cache reference
 
 Progress = Callable[[str, int, int], None]  # (workflow, calls done, calls total)
 
