@@ -44,10 +44,21 @@ def test_controlled_inputs_identical_across_policies():
 
 
 @pytest.mark.parametrize("workload", ["web-burst", "captured"])
-@pytest.mark.parametrize("policy", ["fifo", "lads"])
+@pytest.mark.parametrize("policy", REPLAY_POLICIES)
 async def test_smoke_trace_workloads(workload, policy, model_ready):
     if not DEFAULT_TRACE.exists():
         pytest.fail(f"committed trace {DEFAULT_TRACE} is missing")
     wl = make(workload, SMOKE, 1)
     rec = await run(wl, SMOKE, policy)
+    check(rec, wl)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["controlled", "web-burst", "captured"])
+@pytest.mark.parametrize("policy", ["fifo", "lads"])
+async def test_cpu_profile_replay(workload, policy, model_ready):
+    """The full cpu-profile replay (minutes per run): `./scripts/test.sh -m slow`."""
+    prof = PROFILES["cpu"]
+    wl = make(workload, prof, 1, cohort=8 if workload == "controlled" else None)
+    rec = await run(wl, prof, policy)
     check(rec, wl)
