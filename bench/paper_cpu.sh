@@ -4,6 +4,7 @@
 #   every policy plus the infinite-cache reference.
 # Resumable (finished runs are read back from bench/results/cpu) and selectable:
 #   bench/paper_cpu.sh [--workload controlled|web-burst|captured] [--policies a,b] [--seeds 1,2]
+#                      [--kv-blocks N]   (OUT=dir to write elsewhere)
 # Writes run JSON, the comparison table (markdown) and plots under bench/results/cpu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,11 +12,13 @@ OUT=${OUT:-bench/results/cpu}
 POLICIES=fifo,size-first,tail-release,cache-first,cache-first-noleases,turnover-off,lads,infinite-cache
 ONLY=""
 SEEDS=""
+EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --workload) ONLY=$2; shift 2 ;;
     --policies) POLICIES=$2; shift 2 ;;
     --seeds) SEEDS=$2; shift 2 ;;
+    --kv-blocks) EXTRA=(--kv-blocks "$2"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -23,7 +26,7 @@ compare() {  # workload default-seeds [extra args]
   local wl=$1 seeds=${SEEDS:-$2}; shift 2
   [ -z "$ONLY" ] || [ "$ONLY" = "$wl" ] || return 0
   .venv/bin/ladsd compare --profile cpu --workload "$wl" --seeds "$seeds" \
-    --policies "$POLICIES" --out "$OUT" "$@"
+    --policies "$POLICIES" --out "$OUT" "${EXTRA[@]}" "$@"
 }
 compare controlled 1,2,3,4,5 --cohort 8
 compare web-burst 1,2,3
