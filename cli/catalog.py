@@ -58,6 +58,13 @@ def build_cmd(
     console.print(t)
 
 
+def _product(cat, product_id: int):  # noqa: ANN001, ANN202
+    p = cat.product(product_id)
+    if p is None:
+        raise _fail(f"no product with id {product_id}")
+    return p
+
+
 @catalog_app.command("show")
 def show_cmd(
     product_id: int,
@@ -65,9 +72,7 @@ def show_cmd(
 ) -> None:
     """Print a product page as the agent sees it."""
     with _db(db) as cat:
-        p = cat.product(product_id)
-        if p is None:
-            raise _fail(f"no product with id {product_id}")
+        p = _product(cat, product_id)
         typer.echo(product_page(p, cat.variants(product_id)), nl=False)
 
 
@@ -78,9 +83,7 @@ def reviews_cmd(
 ) -> None:
     """Print a product's review page as the agent sees it."""
     with _db(db) as cat:
-        p = cat.product(product_id)
-        if p is None:
-            raise _fail(f"no product with id {product_id}")
+        p = _product(cat, product_id)
         typer.echo(review_page(p, cat.reviews(product_id)), nl=False)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import time
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -264,7 +263,3 @@ class Runtime:
 
     def controller_cpu_s(self) -> float:
         return self.sender.decision_s + self.engine.command_cpu_s
-
-
-def cpu_time() -> float:
-    return time.process_time()
