@@ -29,7 +29,7 @@ from ladsd.metrics.summary import (
 
 CANDIDATE = "lads"
 BASELINES = ("fifo", "size-first", "tail-release")
-ABLATION = ("cache-first-noleases", "turnover-off")
+ABLATION = ("cache-first", "cache-first-noleases", "turnover-off")
 REFERENCE = "infinite-cache"
 
 LABELS = {
@@ -134,7 +134,7 @@ class Comparison:
     workload: str
     rows: tuple[PolicyRow, ...]
     baselines: dict[str, Reduction]  # LADS vs FIFO, Size-first, Tail-aware (those run)
-    ablation: dict[str, Reduction]  # LADS vs Cache-first-noleases, Turnover-off
+    ablation: dict[str, Reduction]  # LADS vs Cache-first, Cache-first-noleases, Turnover-off
     reference: Reduction | None  # LADS vs infinite cache (negative: gap to the ideal)
 
 
@@ -169,21 +169,23 @@ def compare(runs: Mapping[str, Sequence[RunRecord]]) -> Comparison:
 
 
 def _red_grid(title: str, reds: Mapping[str, Reduction]) -> Grid:
+    """Per-seed and mean reductions, plus the workflow pairs the candidate won."""
     seeds = sorted({s for r in reds.values() for s in r.per_seed})
     rows = tuple(
         (
             f"{label(r.candidate)} vs {label(b)}",
             *(_f(r.per_seed.get(s), 1) for s in seeds),
             _f(r.mean, 1),
+            f"{r.pairs_faster}/{r.pairs}",
         )
         for b, r in reds.items()
     )
-    return Grid(title, ("reduction %", *(f"seed {s}" for s in seeds), "mean"), rows)
+    headers = ("reduction %", *(f"seed {s}" for s in seeds), "mean", "workflows faster")
+    return Grid(title, headers, rows)
 
 
 def comparison_grids(comp: Comparison) -> list[Grid]:
     """Latency per policy, LADS reductions vs baselines, ablation, infinite-cache gap."""
-    by = {r.policy: r for r in comp.rows}
     grids = [
         Grid(
             f"Complete-workflow latency ({comp.workload}; averaged over seeds)",
@@ -197,21 +199,7 @@ def comparison_grids(comp: Comparison) -> list[Grid]:
     if comp.baselines:
         grids.append(_red_grid("LADS mean-latency reduction vs baselines", comp.baselines))
     if comp.ablation:
-        names = [p for p in (*ABLATION, CANDIDATE) if p in by]
-        grids.append(
-            Grid(
-                "Ablation (mean latency s)",
-                ("policy", "mean s", "LADS reduction % (mean)"),
-                tuple(
-                    (
-                        label(p),
-                        _f(by[p].mean_s),
-                        _f(comp.ablation[p].mean, 1) if p in comp.ablation else "-",
-                    )
-                    for p in names
-                ),
-            )
-        )
+        grids.append(_red_grid("Ablation: LADS mean-latency reduction vs its parts", comp.ablation))
     if comp.reference is not None:
         grids.append(
             _red_grid(
