@@ -142,7 +142,7 @@ def compare(
             runs.setdefault(pol, []).append(rec)
             console.print(f"{pol:>22} seed {seed}: mean {summary.mean_latency(rec):7.2f} s")
     comp = table.compare(runs)
-    grids = table.comparison_grids(comp)
+    grids = [*table.comparison_grids(comp), table.drivers_grid(runs)]
     for g in grids:
         console.print(table.rich_table(g))
     (out / f"{tag}-table.md").write_text(table.markdown(grids))

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from ladsd.metrics.events import RunRecord
 from ladsd.metrics.summary import (
+    STAGES,
     Reduction,
     Summary,
     by_seed,
@@ -25,6 +26,7 @@ from ladsd.metrics.summary import (
     ordered,
     p95_latency,
     reductions,
+    summarize,
 )
 
 CANDIDATE = "lads"
@@ -114,6 +116,58 @@ def run_grid(summaries: Sequence[Summary], title: str = "Runs") -> Grid:
                 *(_n(s.counters.get(k)) for k in _RUN_COUNTERS),
             )
         )
+    return Grid(title, headers, tuple(rows))
+
+
+_DRIVER_COUNTERS = {
+    "grants": "grants",
+    "handoffs": "handoffs",
+    "expiries": "expiries",
+    "revocations": "revoked",
+    "promotions": "promoted",
+    "fallbacks": "fallbacks",
+    "controller_cpu_s": "ctrl CPU s",
+}
+
+
+def drivers_grid(runs: Mapping[str, Sequence[RunRecord]]) -> Grid:
+    """Per policy, averaged over its runs: stage means, cached tokens, lease counters, kappa.
+
+    The figures that explain a latency gap (spec section 6), one row per policy;
+    kappa (the engine's measured 512-token step) shows how fast the machine was.
+    """
+    headers = (
+        "policy",
+        "s-r",
+        "c-s",
+        "n-c",
+        "f-n",
+        "cached tok",
+        *_DRIVER_COUNTERS.values(),
+        "kappa s",
+    )
+    rows = []
+    for p in ordered(runs):
+        sums = [summarize(r) for r in runs[p]]
+        if not sums:
+            continue
+
+        def avg(xs: Sequence[float | None]) -> float | None:
+            v = [x for x in xs if x is not None]
+            return mean(v) if v else None
+
+        stages = [avg([s.stages[k] for s in sums]) for k in STAGES]
+        kappas = [r.meta.get("kappa_s") for r in runs[p]]
+        rows.append(
+            (
+                label(p),
+                *(_f(x, 3) for x in stages),
+                _f(avg([float(s.cached_prompt_tokens) for s in sums]), 0),
+                *(_n(avg([s.counters.get(k) for s in sums])) for k in _DRIVER_COUNTERS),
+                _f(avg([float(k) for k in kappas if isinstance(k, int | float)]), 3),
+            )
+        )
+    title = "What drives it (per policy, averaged over seeds; stage means in s)"
     return Grid(title, headers, tuple(rows))
 
 
