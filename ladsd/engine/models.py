@@ -88,6 +88,18 @@ PROFILES: dict[str, ModelProfile] = {
         "SmolLM2-135M config with 8 of 30 layers, dummy weights (CPU replay)",
         _llama_shape(8, 576, 9, 3, 1536),
     ),
+    "smollm2-360m-shape-3l": ModelProfile(
+        "smollm2-360m-shape-3l",
+        True,
+        "SmolLM2-360M config (hidden 960) with 3 of 32 layers, dummy weights (calibration probe)",
+        _llama_shape(3, 960, 15, 5, 2560),
+    ),
+    "smollm2-1.7b-shape-2l": ModelProfile(
+        "smollm2-1.7b-shape-2l",
+        True,
+        "SmolLM2-1.7B config (hidden 2048) with 2 of 24 layers, dummy weights (calibration probe)",
+        _llama_shape(2, 2048, 32, 32, 8192),
+    ),
     "smollm2-shape": ModelProfile(
         "smollm2-shape",
         True,
