@@ -298,8 +298,8 @@ def test_drivers_grid_averages_stages_and_counters_per_policy() -> None:
     runs = {
         "fifo": [run("fifo", 1, [10.0]), run("fifo", 2, [20.0])],
         "lads": [
-            run("lads", 1, [10.0], grants=4, handoffs=3, revocations=1),
-            run("lads", 2, [20.0], grants=6, handoffs=6, revocations=0),
+            run("lads", 1, [10.0], grants=4, handoffs=3, revocations=1, headroom_refusals=7),
+            run("lads", 2, [20.0], grants=6, handoffs=6, revocations=0, headroom_refusals=0),
         ],
     }
     runs["lads"][0].meta["kappa_s"] = 0.04
@@ -310,6 +310,7 @@ def test_drivers_grid_averages_stages_and_counters_per_policy() -> None:
     # f - n = (t + x) - (t + 7): seeds x=10 and x=20 -> 3 and 13, averaged 8.000.
     assert "| FIFO | 1.000 | 2.000 | 3.000 | 8.000 | 96 | 0 | 0 |" in md
     # LADS counters averaged: grants 5, handoffs 4.50, revoked 0.50; kappa (0.04 + 0.05) / 2.
-    assert "| LADS | 1.000 | 2.000 | 3.000 | 8.000 | 96 | 5 | 4.50 | 0 | 0.50 |" in md
+    # ... then budget denials 0 and headroom refusals (7 + 0) / 2.
+    assert "| LADS | 1.000 | 2.000 | 3.000 | 8.000 | 96 | 5 | 4.50 | 0 | 0.50 | 0 | 3.50 |" in md
     assert md.rstrip().endswith("| 0.045 |")
     assert "| FIFO |" in md and md.index("| FIFO |") < md.index("| LADS |")

@@ -124,6 +124,8 @@ _DRIVER_COUNTERS = {
     "handoffs": "handoffs",
     "expiries": "expiries",
     "revocations": "revoked",
+    "denials": "budget denials",
+    "headroom_refusals": "headroom refusals",
     "promotions": "promoted",
     "fallbacks": "fallbacks",
     "controller_cpu_s": "ctrl CPU s",
