@@ -9,6 +9,7 @@ import pytest
 from ladsd.config import PROFILES
 from ladsd.workloads import controlled
 from ladsd.workloads.cohort import Cohorts
+from ladsd.workloads.factory import make
 
 ARCHIVE = [f"archived page {i} ".encode() * 20 for i in range(12)]
 
@@ -72,3 +73,17 @@ async def test_cohort_partial_release_after_limit_and_leave():
     co.leave(0)
     await asyncio.wait_for(asyncio.gather(co.tool(0, 2), co.tool(0, 2)), 1)
     assert co.partial_releases == 1
+
+
+def test_run_inputs_record_the_workload_as_built_not_the_profile_defaults() -> None:
+    """Run files say which cohorts were run (the profile's cohort is only a default)."""
+    from ladsd.workloads.runner import inputs_dict
+
+    cpu = PROFILES["cpu"]
+    c8 = inputs_dict(make("controlled", cpu, 1))
+    assert c8["cohort_sizes"] == [8, 8] and c8["continuations"] == 80
+    assert inputs_dict(make("controlled", cpu, 1, cohort=16))["cohort_sizes"] == [16]
+    assert inputs_dict(make("web-burst", cpu, 1))["cohort_sizes"] == [16]
+    cap = inputs_dict(make("captured", cpu, 2))
+    assert cap["cohort_sizes"] == [] and cap["codec"] == "gzip6" and cap["seed"] == 2
+    assert cap["rate_bytes_per_s"] == 6000.0

@@ -183,7 +183,7 @@ async def _run(
         ),
         lease_samples=samples,
         counters=counters,
-        meta=_meta(prof, eng),
+        meta=_meta(prof, eng, wl),
     )
 
 
@@ -235,7 +235,27 @@ def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: float) -> dict[str, 
     return out
 
 
-def _meta(prof: Profile, eng: EngineThread) -> dict[str, Any]:
+def inputs_dict(wl: Workload) -> dict[str, Any]:
+    """What the run was fed, as built (the profile holds only defaults, e.g. cohort 8).
+
+    cohort_sizes: members per tool-service cohort, in cohort order ([] without barriers).
+    """
+    sizes: dict[int, int] = {}
+    for w in wl.workflows:
+        if w.cohort is not None:
+            sizes[w.cohort] = sizes.get(w.cohort, 0) + 1
+    return {
+        "workload": wl.name,
+        "seed": wl.seed,
+        "workflows": len(wl.workflows),
+        "continuations": wl.continuations,
+        "cohort_sizes": [sizes[k] for k in sorted(sizes)],
+        "codec": wl.codec,
+        "rate_bytes_per_s": wl.rate_bytes_per_s,
+    }
+
+
+def _meta(prof: Profile, eng: EngineThread, wl: Workload) -> dict[str, Any]:
     import vllm
 
     from ladsd.config import has_cuda
@@ -247,6 +267,7 @@ def _meta(prof: Profile, eng: EngineThread) -> dict[str, Any]:
         "kappa_s": eng.kappa,
         "engine_startup_s": eng.startup_s,
         "profile": _profile_dict(prof),
+        "inputs": inputs_dict(wl),
     }
 
 
