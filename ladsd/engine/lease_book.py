@@ -43,6 +43,7 @@ from ladsd.config import LeaseConfig
 from ladsd.engine import budget as bud
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError, check_pool, native_refs
 from ladsd.engine.records import (
+    LEASE_COUNTERS,
     ContinuationId,
     DenialEvent,
     EngineState,
@@ -58,21 +59,6 @@ Load = Callable[[], tuple[int, int, int]]  # (w waiting, a running, m max_num_se
 FifoKey = tuple[float, str, int, int]
 
 _NO_BUDGET = bud.Budget((), 0, 0, False, 0, 0)
-
-# Always published (zero until they happen); names shared with ladsd.metrics.
-COUNTERS = (
-    "grants",
-    "grants_before_commit",
-    "grants_after_commit",
-    "expiries",
-    "handoffs",
-    "handoff_mismatches",
-    "revocations",
-    "denials",
-    "headroom_refusals",
-    "cancellations",
-    "invalidations",
-)
 
 
 def fifo_key(ready_time: float, cid: ContinuationId) -> FifoKey:
@@ -631,7 +617,7 @@ class LeaseBook:
 
     def snapshot_counters(self, now: float) -> dict[str, float]:
         self._integrate(now)
-        out: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
+        out: dict[str, float] = dict.fromkeys(LEASE_COUNTERS, 0.0)
         out.update((k, float(v)) for k, v in self.counters.items())
         out["protection_block_seconds"] = self._u_area
         out["refs_added"] = float(self.pool.refs_added)

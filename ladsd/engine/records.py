@@ -18,6 +18,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+# The lease book's counters, always published in EngineState.counters (zero
+# until they happen); run records (ladsd.metrics.events) report them too.
+LEASE_COUNTERS: tuple[str, ...] = (
+    "grants",
+    "grants_before_commit",
+    "grants_after_commit",
+    "expiries",
+    "handoffs",
+    "handoff_mismatches",
+    "revocations",
+    "denials",
+    "headroom_refusals",
+    "cancellations",
+    "invalidations",
+)
+
 
 @dataclass(frozen=True, order=True)
 class ContinuationId:

@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 
 import orjson
 
+from ladsd.engine.records import LEASE_COUNTERS
+
 FORMAT = 1  # bump on any incompatible change of the file layout
 
 # Policy names used across the project (CLI, tables, plots), in table order.
@@ -34,14 +36,7 @@ POLICIES: tuple[str, ...] = (
 # Counters every run reports (0 where a policy has no such event); free-form
 # extra counters are allowed beside them.
 COUNTERS: tuple[str, ...] = (
-    "grants",
-    "grants_before_commit",
-    "grants_after_commit",
-    "expiries",
-    "handoffs",
-    "handoff_mismatches",
-    "revocations",
-    "denials",
+    *LEASE_COUNTERS,
     "promotions",
     "fallbacks",
     "preemptions",
