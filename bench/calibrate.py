@@ -10,6 +10,9 @@ profile and the controlled workload of one seed:
   nothing outgrows;
 * engine time with no reuse = the same with prefix caching off.
 
+Observations are rendered as tool messages (the controlled workload has no
+recorded suffix ids, which only trace workloads carry).
+
 It prints both ratios to link time (targets: ~0.5-0.8 with reuse, ~1.7-3 without),
 and, last, one JSON line. Never asserts.
 
@@ -31,7 +34,7 @@ from rich.table import Table
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from ladsd.config import FRAME_OVERHEAD, PROFILES, Profile  # noqa: E402
-from ladsd.engine.params import sampling  # noqa: E402
+from ladsd.engine.params import forced  # noqa: E402
 from ladsd.engine.thread import EngineThread  # noqa: E402
 from ladsd.workloads import controlled  # noqa: E402
 from ladsd.workloads.runner import engine_for, tool_message  # noqa: E402
@@ -41,24 +44,17 @@ from ladsd.workloads.spec import Workload  # noqa: E402
 async def engine_time(wl: Workload, prof: Profile, caching: bool) -> tuple[float, int]:
     """Makespan of every model call of ``wl`` run straight into the engine."""
     eng_cfg = replace(prof.engine, enable_prefix_caching=caching)
-    cached = 0
     async with EngineThread(eng_cfg, replace(prof.lease, enabled=False)) as eng:
         render = tool_message(eng.tokenizer)
 
         async def flow(w) -> int:
             got = 0
-            p = sampling(
-                max_tokens=w.first_output_tokens, min_tokens=w.first_output_tokens, ignore_eos=True
-            )
-            out = await eng.complete(list(w.prompt_ids), p)
+            out = await eng.complete(list(w.prompt_ids), forced(w.first_output_tokens))
             prompt = list(w.prompt_ids)
             for call in w.calls:
                 history = prompt + list(out.token_ids)
                 prompt = history + render(call.observation)
-                p = sampling(
-                    max_tokens=call.output_tokens, min_tokens=call.output_tokens, ignore_eos=True
-                )
-                out = await eng.complete(prompt, p)
+                out = await eng.complete(prompt, forced(call.output_tokens))
                 got += out.num_cached_tokens
             return got
 

@@ -20,6 +20,6 @@ runs = {p: events.load(out / f"controlled-c8-paper-{p}-s{seed}.json") for p in (
 m = {p: summary.mean_latency(r) for p, r in runs.items()}
 print(json.dumps({"profile": "paper", "workload": "controlled-c8", "seed": seed,
                   "fifo_mean_s": m["fifo"], "lads_mean_s": m["lads"],
-                  "reduction_pct": 100 * (m["fifo"] - m["lads"]) / m["fifo"],
+                  "reduction_pct": summary.reduction(m["fifo"], m["lads"]),
                   "machine": runs["lads"].meta.get("machine")}))
 PY

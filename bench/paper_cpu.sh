@@ -36,6 +36,5 @@ compare web-burst 1,2,3
 compare captured 1,2,3
 if [ "$ONLY" = "controlled-c16" ]; then
   [ -n "$POLICIES_GIVEN" ] || POLICIES=fifo,lads,infinite-cache
-  .venv/bin/ladsd compare --profile cpu --workload controlled --cohort 16 \
-    --seeds "${SEEDS:-1,2,3}" --policies "$POLICIES" --out "$OUT" "${EXTRA[@]}"
+  ONLY="" compare controlled 1,2,3 --cohort 16  # ONLY cleared for this call only
 fi

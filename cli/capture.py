@@ -8,7 +8,6 @@ engine.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ladsd import clock
 from ladsd.agent.backend import Backend
 from ladsd.agent.capture import capture, summarize
 from ladsd.agent.loop import AgentConfig
@@ -61,12 +61,12 @@ async def capture_tasks(
     print progress and a summary (unless ``show`` is None); return the path."""
     with open_catalog(db_path) as db:
         async with backend_factory() as backend:
-            t0 = time.perf_counter()
+            t0 = clock.now()
             if show is None:
                 trace = await capture(backend, tasks, db, cfg, seed=seed, tasks_file=tasks_file)
             else:
                 trace = await _with_progress(backend, tasks, db, cfg, seed, tasks_file, show)
-            wall = time.perf_counter() - t0
+            wall = clock.now() - t0
     path = tr.dump(trace, out)
     if show is not None:
         show.print(summary_table(trace))

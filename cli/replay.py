@@ -87,7 +87,8 @@ def replay(
     parse_policies(policy)
     _check_workload(workload)
     prof = _profile(profile, kv_blocks)
-    runs = []
+    runs: list[events.RunRecord] = []
+    sums: list[summary.Summary] = []
     for seed in parse_seeds(seeds):
         try:
             rec = run_one(policy, workload, prof, seed, cohort, trace)
@@ -96,12 +97,13 @@ def replay(
             raise typer.Exit(1) from None
         runs.append(rec)
         s = summary.summarize(rec)
+        sums.append(s)
         console.print(
             f"{policy} seed {seed}: mean {s.mean_s:.2f} s, P95 {s.p95_s:.2f} s, "
             f"makespan {s.makespan_s:.2f} s, audit ok "
             f"({int(rec.counters['refs_added'])} refs added = released)"
         )
-    console.print(table.rich_table(table.run_grid([summary.summarize(r) for r in runs])))
+    console.print(table.rich_table(table.run_grid(sums)))
     if json_out:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_bytes(b"[" + b",".join(events.to_json(r) for r in runs) + b"]")

@@ -22,6 +22,7 @@ from ladsd.engine.records import (
     ContinuationId,
     HistoryNotice,
     InventoryItem,
+    LeaseStatus,
     Phase,
     SenderInventory,
 )
@@ -321,7 +322,7 @@ def test_double_release_is_harmless() -> None:
     assert all(b.ref_cnt == 2 for b in blocks)
     r.s.lease_cancel(A)
     r.s.lease_cancel(A)
-    assert r.book._release(lease, lease_status_cancelled(), "x", r.clk()) is False
+    assert r.book._release(lease, LeaseStatus.CANCELLED, "x", r.clk()) is False
     assert r.pool.lease_free(blocks) == 0  # no lease reference left: nothing freed
     r.ok()
     assert all(b.ref_cnt == 1 for b in blocks)  # the request's references are intact
@@ -330,12 +331,6 @@ def test_double_release_is_harmless() -> None:
     r.until(req.is_finished)
     audit = r.s.lease_audit()
     assert audit["refs_added"] == audit["refs_released"] == 6
-
-
-def lease_status_cancelled() -> Any:
-    from ladsd.engine.records import LeaseStatus
-
-    return LeaseStatus.CANCELLED
 
 
 def test_shared_blocks_between_two_leases_and_a_running_request() -> None:

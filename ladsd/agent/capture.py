@@ -21,13 +21,10 @@ from ladsd.agent.backend import Backend
 from ladsd.agent.loop import AgentConfig, OnCall, run_workflow
 from ladsd.workloads.trace import Trace, TraceHeader, WorkflowRecord
 from web_catalog.db import Catalog
+from web_catalog.source import sha256_file
 from web_catalog.tasks import TASKS_PATH, Task
 
 OnDone = Callable[[WorkflowRecord], None]
-
-
-def file_sha256(path: Path | str) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def tokenizer_sha256(tokenizer: Any) -> str:
@@ -36,7 +33,7 @@ def tokenizer_sha256(tokenizer: Any) -> str:
     if backend is not None:
         return hashlib.sha256(backend.to_str().encode("utf-8")).hexdigest()
     path = Path(getattr(tokenizer, "name_or_path", "")) / "tokenizer.json"
-    return file_sha256(path)
+    return sha256_file(path)
 
 
 def _ladsd_version() -> str:
@@ -65,7 +62,7 @@ def make_header(
         vllm_version=str(vllm.__version__),
         seed=seed,
         catalog_digest=db.meta().get("digest", ""),
-        tasks_sha256=file_sha256(tasks_file),
+        tasks_sha256=sha256_file(Path(tasks_file)),
         created=datetime.now(UTC).isoformat(timespec="seconds"),
         workflows=workflows,
         backend=backend.name,

@@ -12,9 +12,10 @@ from ladsd.delivery import make_policy
 from ladsd.engine.records import ContinuationId
 from ladsd.engine.thread import EngineThread
 from ladsd.runtime import Runtime
+from ladsd.workloads.captured import CAPTURED_CODEC, CAPTURED_RATE
 
 # Capture's return path: the captured-replay link (gzip6 at 48 kbit/s).
-CAPTURE_LINK = LinkConfig(rate_bytes_per_s=6000.0, codec="gzip6")
+CAPTURE_LINK = LinkConfig(rate_bytes_per_s=CAPTURED_RATE, codec=CAPTURED_CODEC)
 
 
 class LinkBackend:
@@ -62,8 +63,6 @@ async def link_backend(
         rt = await Runtime(eng, pol, link).start()
         try:
             yield LinkBackend(rt, policy)
-            audit = await rt.finish()
-            if audit.get("refs_added", 0) != audit.get("refs_released", 0):
-                raise RuntimeError(f"lease audit failed: {audit}")
+            await rt.finish()  # raises LeaseIntegrityError unless the audit balances
         finally:
             await rt.close()

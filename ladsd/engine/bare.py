@@ -17,8 +17,10 @@ from typing import Any
 
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.request import Request
+
+from ladsd.engine.resident import make_hasher
 
 EOS = 2
 
@@ -141,7 +143,7 @@ def make_request(
         sampling_params=params,
         pooling_params=None,
         cache_salt=cache_salt,
-        block_hasher=get_request_block_hasher(block_size, get_hash_fn_by_name(hash_algo)),
+        block_hasher=make_hasher(block_size, hash_algo),
     )
 
 

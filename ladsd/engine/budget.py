@@ -10,7 +10,6 @@ resident prefixes found in vLLM's prefix cache.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -117,6 +116,3 @@ def evaluate(cands: Sequence[Candidate], used: int, free: int, headroom: int) ->
     fit = fits(near, c_safe)
     b = budget_target(d, c_safe, fit)
     return Budget(tuple(c.key for c in near), d, c_safe, fit, b, committed_capacity(b, used))
-
-
-INF = math.inf

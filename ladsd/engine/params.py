@@ -33,3 +33,8 @@ def sampling(
         min_tokens=min_tokens,
         ignore_eos=ignore_eos,
     )
+
+
+def forced(n: int) -> SamplingParams:
+    """Exactly ``n`` output tokens (replay): greedy, no early stop at EOS."""
+    return sampling(max_tokens=n, min_tokens=n, ignore_eos=True)

@@ -279,7 +279,7 @@ class EngineThread:
         if prof is None:
             raise models.ModelError(f"unknown model profile {cfg.model!r}")
         path = models.model_path(cfg.model)
-        cpu = not has_cuda()
+        cpu = self._cpu
         sched_cls = cfg.scheduler_cls
         if cfg.async_scheduling and sched_cls.endswith(".LeaseScheduler"):
             sched_cls = sched_cls[: -len("LeaseScheduler")] + "AsyncLeaseScheduler"

@@ -120,16 +120,19 @@ def run_grid(summaries: Sequence[Summary], title: str = "Runs") -> Grid:
 
 
 _DRIVER_COUNTERS = {
-    "grants": "grants",
-    "handoffs": "handoffs",
-    "expiries": "expiries",
-    "revocations": "revoked",
+    **{k: _RUN_COUNTERS[k] for k in ("grants", "handoffs", "expiries", "revocations")},
     "denials": "budget denials",
     "headroom_refusals": "headroom refusals",
-    "promotions": "promoted",
+    "promotions": _RUN_COUNTERS["promotions"],
     "fallbacks": "fallbacks",
-    "controller_cpu_s": "ctrl CPU s",
+    "controller_cpu_s": _RUN_COUNTERS["controller_cpu_s"],
 }
+
+
+def _mean_present(xs: Sequence[float | None]) -> float | None:
+    """Mean of the values that exist (None: none does)."""
+    v = [x for x in xs if x is not None]
+    return mean(v) if v else None
 
 
 def drivers_grid(runs: Mapping[str, Sequence[RunRecord]]) -> Grid:
@@ -153,11 +156,7 @@ def drivers_grid(runs: Mapping[str, Sequence[RunRecord]]) -> Grid:
         sums = [summarize(r) for r in runs[p]]
         if not sums:
             continue
-
-        def avg(xs: Sequence[float | None]) -> float | None:
-            v = [x for x in xs if x is not None]
-            return mean(v) if v else None
-
+        avg = _mean_present
         stages = [avg([s.stages[k] for s in sums]) for k in STAGES]
         kappas = [r.meta.get("kappa_s") for r in runs[p]]
         rows.append(

@@ -14,6 +14,7 @@ from ladsd.workloads.spec import CallSpec, WorkflowSpec, Workload
 from ladsd.workloads.trace import Trace
 
 CAPTURED_RATE = 6000.0  # 48 kbit/s
+CAPTURED_CODEC = "gzip6"
 
 
 def build(trace: Trace, seed: int, spread_s: float = 2.0) -> Workload:
@@ -31,7 +32,7 @@ def build(trace: Trace, seed: int, spread_s: float = 2.0) -> Workload:
             start = len(prev.prompt_ids) + len(prev.output_ids)
             calls.append(
                 CallSpec(
-                    observation=cur.observation.text.encode(),
+                    observation=cur.observation.payload,
                     tool_seconds=cur.observation.tool_seconds,
                     output_tokens=max(1, len(cur.output_ids)),
                     suffix_ids=tuple(cur.prompt_ids[start:]),
@@ -47,4 +48,6 @@ def build(trace: Trace, seed: int, spread_s: float = 2.0) -> Workload:
                 cohort=None,
             )
         )
-    return Workload("captured", seed, tuple(flows), codec="gzip6", rate_bytes_per_s=CAPTURED_RATE)
+    return Workload(
+        "captured", seed, tuple(flows), codec=CAPTURED_CODEC, rate_bytes_per_s=CAPTURED_RATE
+    )

@@ -18,7 +18,7 @@ from typing import Any
 from ladsd import clock
 from ladsd.config import Profile
 from ladsd.delivery import make_policy
-from ladsd.engine.params import sampling
+from ladsd.engine.params import forced
 from ladsd.engine.records import ContinuationId
 from ladsd.engine.thread import EngineThread
 from ladsd.metrics.events import (
@@ -100,11 +100,7 @@ async def _run(
     rt: Runtime,
     progress: Progress | None,
 ) -> RunRecord:
-    members: dict[int, int] = {}
-    for w in wl.workflows:
-        if w.cohort is not None:
-            members[w.cohort] = members.get(w.cohort, 0) + 1
-    cohorts = Cohorts(members, wl.cohort_gap_s, wl.cohort_limit_s)
+    cohorts = Cohorts(cohort_sizes(wl), wl.cohort_gap_s, wl.cohort_limit_s)
     render_tool = tool_message(eng.tokenizer)
     total = wl.continuations + len(wl.workflows)
     done = 0
@@ -116,10 +112,8 @@ async def _run(
         await asyncio.sleep(max(0.0, t0 + w.arrival - clock.now()))
         arrival = clock.now()
         calls: list[CallRecord] = []
-        params = sampling(
-            max_tokens=w.first_output_tokens, min_tokens=w.first_output_tokens, ignore_eos=True
-        )
-        out = await rt.cold(w.prompt_ids, params, cid=ContinuationId(w.wid, 0))
+        cid0 = ContinuationId(w.wid, 0)
+        out = await rt.cold(w.prompt_ids, forced(w.first_output_tokens), cid=cid0)
         calls.append(_record(w.wid, 0, out))
         prompt = list(w.prompt_ids)
         try:
@@ -134,9 +128,7 @@ async def _run(
                 def render(obs: bytes, h=history, sfx=suffix) -> list[int]:
                     return h + (list(sfx) if sfx is not None else render_tool(obs))
 
-                params = sampling(
-                    max_tokens=call.output_tokens, min_tokens=call.output_tokens, ignore_eos=True
-                )
+                params = forced(call.output_tokens)
                 cid = ContinuationId(w.wid, k)
                 out = await rt.resume(
                     cid,
@@ -235,15 +227,21 @@ def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: float) -> dict[str, 
     return out
 
 
+def cohort_sizes(wl: Workload) -> dict[int, int]:
+    """Members per tool-service cohort id (workflows without a cohort are left out)."""
+    sizes: dict[int, int] = {}
+    for w in wl.workflows:
+        if w.cohort is not None:
+            sizes[w.cohort] = sizes.get(w.cohort, 0) + 1
+    return sizes
+
+
 def inputs_dict(wl: Workload) -> dict[str, Any]:
     """What the run was fed, as built (the profile holds only defaults, e.g. cohort 8).
 
     cohort_sizes: members per tool-service cohort, in cohort order ([] without barriers).
     """
-    sizes: dict[int, int] = {}
-    for w in wl.workflows:
-        if w.cohort is not None:
-            sizes[w.cohort] = sizes.get(w.cohort, 0) + 1
+    sizes = cohort_sizes(wl)
     return {
         "workload": wl.name,
         "seed": wl.seed,

@@ -20,7 +20,7 @@ def observations(trace: Trace) -> list[list[bytes]]:
     """Per captured workflow, its observations in call order."""
     out = []
     for w in trace.workflows:
-        obs = [c.observation.text.encode() for c in w.calls if c.observation is not None]
+        obs = [c.observation.payload for c in w.calls if c.observation is not None]
         if obs:
             out.append(obs)
     if not out:
