@@ -27,7 +27,7 @@ from ladsd.clock import ManualClock  # noqa: E402
 from ladsd.config import LeaseConfig  # noqa: E402
 from ladsd.engine import bare  # noqa: E402
 from ladsd.engine.leases import LeaseScheduler  # noqa: E402
-from ladsd.engine.records import (  # noqa: E402
+from ladsd.records import (  # noqa: E402
     ContinuationId,
     HistoryNotice,
     InventoryItem,
@@ -91,7 +91,7 @@ def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
     cid = ContinuationId("bench", 1)
     n = HistoryNotice(cid, tuple(hist), "p", "d", 0.0, 100)
     from ladsd.engine.lease_book import Pending
-    from ladsd.engine.records import LeaseStatus
+    from ladsd.records import LeaseStatus
 
     pend = Pending(n, hashes, resident=groups, size=n_blocks)
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ladsd.clock import now  # noqa: E402
 from ladsd.config import FRAME_OVERHEAD, LinkConfig  # noqa: E402
 from ladsd.delivery.policy import Pending, SenderView  # noqa: E402
-from ladsd.engine.records import ContinuationId, EngineState, LeaseRecord  # noqa: E402
+from ladsd.records import ContinuationId, EngineState, LeaseRecord  # noqa: E402
 from ladsd.transport.frame import digest  # noqa: E402
 from ladsd.transport.link import Delivery, Link, prepare  # noqa: E402
 

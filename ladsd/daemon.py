@@ -19,7 +19,7 @@ from aiohttp import web
 
 from ladsd.config import EngineConfig, LeaseConfig
 from ladsd.engine.params import sampling
-from ladsd.engine.records import EngineState
+from ladsd.records import EngineState
 from ladsd.engine.thread import EngineError, EngineThread
 
 _SAMPLING_KEYS = {

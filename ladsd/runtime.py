@@ -22,7 +22,7 @@ import orjson
 from ladsd import clock
 from ladsd.config import LinkConfig
 from ladsd.delivery.policy import Policy
-from ladsd.engine.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
+from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 from ladsd.engine.thread import Completion, EngineThread
 from ladsd.transport.link import Delivery, Receiver, Rejected, Sender, prepare
 

@@ -20,7 +20,7 @@ from ladsd.agent.capture import capture, summarize
 from ladsd.agent.loop import AgentConfig, call_seed, run_workflow
 from ladsd.agent.prompt import ChatML, system_prompt, user_prompt
 from ladsd.config import EngineConfig
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 from ladsd.engine.thread import Completion, EngineThread
 from ladsd.workloads import trace as tr
 from web_catalog import source

@@ -27,7 +27,7 @@ from ladsd.delivery.lads import (
 )
 from ladsd.delivery.policy import Pending, SenderView
 from ladsd.delivery.tail_release import TailRelease, adapt_cap, work_estimate
-from ladsd.engine.records import (
+from ladsd.records import (
     ContinuationId,
     DenialEvent,
     EngineState,

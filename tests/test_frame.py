@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ladsd.config import FRAME_HEADER_BYTES, FRAME_OVERHEAD
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 from ladsd.transport.frame import (
     MAX_TEXT_BYTES,
     BadMagic,

@@ -9,7 +9,7 @@ import pytest
 from ladsd import clock
 from ladsd.config import EngineConfig, LeaseConfig
 from ladsd.engine.params import sampling
-from ladsd.engine.records import (
+from ladsd.records import (
     ContinuationId,
     HistoryNotice,
     InventoryItem,

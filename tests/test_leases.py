@@ -18,7 +18,7 @@ from ladsd.config import LeaseConfig
 from ladsd.engine import bare
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
 from ladsd.engine.leases import AsyncLeaseScheduler, LeaseScheduler
-from ladsd.engine.records import (
+from ladsd.records import (
     ContinuationId,
     HistoryNotice,
     InventoryItem,

@@ -21,7 +21,7 @@ from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
 from ladsd.engine import bare
 from ladsd.engine.leases import LeaseScheduler
-from ladsd.engine.records import (
+from ladsd.records import (
     ContinuationId,
     HistoryNotice,
     InventoryItem,

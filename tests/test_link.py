@@ -10,7 +10,7 @@ import pytest
 
 from ladsd.config import FRAME_OVERHEAD, LinkConfig
 from ladsd.delivery.policy import Pending, SenderView
-from ladsd.engine.records import ContinuationId, EngineState, Phase, SenderInventory
+from ladsd.records import ContinuationId, EngineState, Phase, SenderInventory
 from ladsd.transport.frame import Codec, digest
 from ladsd.transport.link import (
     Control,

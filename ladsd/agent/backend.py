@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ladsd import clock
 from ladsd.config import EngineConfig
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 from ladsd.engine.thread import Completion, EngineThread
 
 Render = Callable[[bytes], list[int]]

@@ -9,7 +9,7 @@ from typing import Any
 from ladsd.agent.backend import Render, Reply
 from ladsd.config import EngineConfig, LeaseConfig, LinkConfig
 from ladsd.delivery import make_policy
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 from ladsd.engine.thread import EngineThread
 from ladsd.runtime import Runtime
 from ladsd.workloads.captured import CAPTURED_CODEC, CAPTURED_RATE

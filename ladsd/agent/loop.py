@@ -21,7 +21,7 @@ from ladsd.agent import actions
 from ladsd.agent.backend import Backend, as_reply
 from ladsd.agent.prompt import ChatML, system_prompt, user_prompt
 from ladsd.engine.params import sampling
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 from ladsd.workloads.trace import (
     Action,
     CallRecord,

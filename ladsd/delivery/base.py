@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ladsd.delivery.policy import Pending, SenderView
-from ladsd.engine.records import ContinuationId, EngineState, LeaseRecord
+from ladsd.records import ContinuationId, EngineState, LeaseRecord
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from ladsd.delivery.base import BasePolicy, need
 from ladsd.delivery.policy import Pending, SenderView
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 
 
 def cache_key(item: Pending, resident: Mapping[ContinuationId, int]) -> tuple:

@@ -7,7 +7,7 @@ be protected. A *promotion* is a commitment that differs from the
 Cache-first choice; after one, the next commitment is Cache-first again.
 
 Only records passing the validity rules of spec 3.4
-(:func:`ladsd.engine.records.check_record`) are read; if any record this
+(:func:`ladsd.records.check_record`) are read; if any record this
 decision would read is invalid, the decision is Cache-first and the fallback
 is counted by reason.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from ladsd.delivery.base import BasePolicy, StateIndex, need
 from ladsd.delivery.cache_first import cache_first, cache_key
 from ladsd.delivery.policy import Pending, SenderView
-from ladsd.engine.records import EngineState, LeaseRecord, LeaseStatus, RecordInvalid, check_record
+from ladsd.records import EngineState, LeaseRecord, LeaseStatus, RecordInvalid, check_record
 
 # Why a decision came out as it did (counted at commit).
 OFF = "off"  # override disabled (turnover-off)

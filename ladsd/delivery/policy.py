@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from ladsd.engine.records import ContinuationId, EngineState
+from ladsd.records import ContinuationId, EngineState
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from ladsd.delivery.base import BasePolicy, need
 from ladsd.delivery.policy import Pending, SenderView
-from ladsd.engine.records import ContinuationId, EngineState
+from ladsd.records import ContinuationId, EngineState
 
 OUTPUT_WEIGHT = 4  # W_i = prompt + 4 x expected output
 

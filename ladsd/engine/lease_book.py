@@ -42,7 +42,7 @@ from ladsd.clock import Clock
 from ladsd.config import LeaseConfig
 from ladsd.engine import budget as bud
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError, check_pool, native_refs
-from ladsd.engine.records import (
+from ladsd.records import (
     LEASE_COUNTERS,
     ContinuationId,
     DenialEvent,

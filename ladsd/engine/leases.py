@@ -37,7 +37,7 @@ from ladsd.engine.lease_pool import (
     check_pool,
     native_refs,
 )
-from ladsd.engine.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
+from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 from ladsd.engine.resident import resident_prefix
 from ladsd.engine.stamps import StampMixin
 

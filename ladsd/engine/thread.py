@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from ladsd import clock
 from ladsd.config import EngineConfig, LeaseConfig, has_cuda
 from ladsd.engine import models
-from ladsd.engine.records import ContinuationId, EngineState
+from ladsd.records import ContinuationId, EngineState
 
 # Must be set before vLLM builds its engine: keeps EngineCore in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

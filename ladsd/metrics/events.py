@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 import orjson
 
-from ladsd.engine.records import LEASE_COUNTERS
+from ladsd.records import LEASE_COUNTERS
 
 FORMAT = 1  # bump on any incompatible change of the file layout
 

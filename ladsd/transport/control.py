@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 from ladsd.transport.errors import ControlError
 
 

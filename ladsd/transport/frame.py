@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from ladsd.config import FRAME_HEADER_BYTES, FRAME_OVERHEAD
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 
 MAGIC = b"LADF"
 FORMAT_VERSION = 1

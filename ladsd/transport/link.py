@@ -33,7 +33,7 @@ from collections.abc import Callable
 from ladsd.clock import Clock, now
 from ladsd.config import LinkConfig
 from ladsd.delivery.policy import Policy
-from ladsd.engine.records import SenderInventory
+from ladsd.records import SenderInventory
 from ladsd.transport.control import (
     Control,
     Kind,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ladsd.clock import Clock, now
 from ladsd.config import LinkConfig
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 from ladsd.transport.control import Control, Kind, Reason, encode_control, nodelay
 from ladsd.transport.errors import Rejected
 from ladsd.transport.frame import (

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from ladsd.clock import Clock, now
 from ladsd.config import FRAME_OVERHEAD, LinkConfig
 from ladsd.delivery.policy import Pending, Policy, SenderView
-from ladsd.engine.records import (
+from ladsd.records import (
     ContinuationId,
     EngineState,
     InventoryItem,

@@ -19,7 +19,7 @@ from ladsd import clock
 from ladsd.config import Profile
 from ladsd.delivery import make_policy
 from ladsd.engine.params import forced
-from ladsd.engine.records import ContinuationId
+from ladsd.records import ContinuationId
 from ladsd.engine.thread import EngineThread
 from ladsd.metrics.events import (
     POLICIES,

@@ -1,4 +1,7 @@
-"""Messages crossing between the engine thread and the asyncio side.
+"""The shared vocabulary of the engine thread, the sender and the policies.
+
+Transport, delivery and engine all import these types; ``ladsd.engine``
+means vLLM only.
 
 Two directions, nothing else crosses (architecture.md):
 
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from ladsd.config import FRAME_OVERHEAD
 
 # The lease book's counters, always published in EngineState.counters (zero
 # until they happen); run records (ladsd.metrics.events) report them too.
@@ -93,7 +98,7 @@ class SenderInventory:
     items: tuple[InventoryItem, ...]
     q_b: int
     rate: float
-    overhead: int = 1028
+    overhead: int = FRAME_OVERHEAD
 
     def pending(self) -> tuple[InventoryItem, ...]:
         return tuple(i for i in self.items if i.phase is Phase.PENDING)
