@@ -1,6 +1,6 @@
 """The return path (spec section 2): frames, pacing, the localhost TCP link."""
 
-from ladsd.transport.errors import LinkError, Rejected
+from ladsd.transport.errors import LinkDown, LinkError, PolicyError, Rejected
 from ladsd.transport.frame import (
     Codec,
     Frame,
@@ -15,6 +15,7 @@ from ladsd.transport.frame import (
     make_frame,
 )
 from ladsd.transport.link import Link
+from ladsd.transport.outbox import Outbox
 from ladsd.transport.pacer import TokenBucket
 from ladsd.transport.receiver import Delivery, Receiver
 from ladsd.transport.sender import Prepared, Sender, Ticket, prepare
@@ -27,7 +28,10 @@ __all__ = [
     "FrameError",
     "FrameHeader",
     "Link",
+    "LinkDown",
     "LinkError",
+    "Outbox",
+    "PolicyError",
     "Prepared",
     "Receiver",
     "Rejected",

@@ -19,6 +19,11 @@ class SendFailed(LinkError):
     """A committed frame on which the connection dropped ``max_drops`` times."""
 
 
+class LinkDown(LinkError):
+    """The connection dropped (or could not be re-dialled) more than ``max_drops`` times
+    in a row with results outstanding and no answer from the receiver: the sender stops."""
+
+
 class LinkClosed(LinkError):
     """The link closed before the result was received."""
 
@@ -28,7 +33,10 @@ class Cancelled(LinkError):
 
 
 class PolicyError(LinkError):
-    """The policy chose something that is not a pending result."""
+    """The delivery policy failed: a hook raised, or it chose something not pending.
+
+    Fatal: the sender stops and every outstanding ticket fails with it.
+    """
 
 
 class Rejected(Exception):

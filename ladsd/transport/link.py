@@ -1,12 +1,12 @@
 """The return link: a paced sender and a verifying receiver over localhost TCP (spec 2).
 
-Sender
+Sender = Outbox (no socket) + the socket part
   * ``F(t)``, the uncommitted inventory: ready, uncommitted results (FIFO order);
   * the committed queue: transport order is fixed once committed;
   * at most ``window`` committed frames not yet completely received;
   * ``Q_B``: committed bytes not yet on the wire.
-  Whenever the window has room and results are pending it asks the delivery
-  policy which one to commit (stamp ``s``). One writer task sends the
+  Whenever the window has room and results are pending the outbox asks the
+  delivery policy which one to commit (stamp ``s``). One writer task sends the
   committed queue in order, paced by a token bucket at ``R`` bytes/s.
 
 Receiver
@@ -19,11 +19,15 @@ Receiver
   after a lost ack is acknowledged again but registered once.
 
 A dropped connection is re-dialled; committed frames not yet acknowledged are
-resent whole, in their order. Nothing is lost silently: a result the receiver
-keeps rejecting, or that cannot be sent, fails its ticket with a clear error.
+resent whole, in their order. Nothing is lost silently and nothing hangs: a
+result the receiver keeps rejecting, or that cannot be sent, fails its ticket
+with a clear error; a failing policy or a link that keeps dropping stops the
+sender, fails every outstanding ticket and resolves ``Sender.failure``.
 
-Modules: ``sender.py``, ``receiver.py``, ``control.py`` (acks/nacks on the
-wire), ``errors.py``; this one pairs the two ends and re-exports the API.
+Modules: ``outbox.py`` (queues, window, policy, tickets; no socket),
+``sender.py`` (dial, pacing, acks, resends), ``receiver.py``, ``control.py``
+(acks/nacks on the wire), ``errors.py``; this one pairs the two ends and
+re-exports the API.
 """
 
 from __future__ import annotations
@@ -46,12 +50,14 @@ from ladsd.transport.errors import (
     ControlError,
     FrameRejected,
     LinkClosed,
+    LinkDown,
     LinkError,
     OfferError,
     PolicyError,
     Rejected,
     SendFailed,
 )
+from ladsd.transport.outbox import Outbox
 from ladsd.transport.pacer import TokenBucket
 from ladsd.transport.receiver import Delivery, Receiver, Register
 from ladsd.transport.sender import Fault, Prepared, Sender, Ticket, prepare
@@ -66,8 +72,10 @@ __all__ = [
     "Kind",
     "Link",
     "LinkClosed",
+    "LinkDown",
     "LinkError",
     "OfferError",
+    "Outbox",
     "PolicyError",
     "Prepared",
     "Reason",

@@ -1,18 +1,10 @@
-"""The sending end of the return link (spec 2).
+"""The sending end of the return link (spec 2): the socket part.
 
-* ``F(t)``, the uncommitted inventory: ready, uncommitted results (FIFO order);
-* the committed queue: transport order is fixed once committed;
-* at most ``window`` committed frames not yet completely received;
-* ``Q_B``: committed bytes not yet on the wire.
-
-Whenever the window has room and results are pending the sender asks the
-delivery policy which one to commit (stamp ``s``). One writer task sends the
-committed queue in order, paced by a token bucket at ``R`` bytes/s; a reader
-task takes acks (stamp ``c``, a window slot frees) and nacks (the result goes
-back into ``F(t)``). A dropped connection is re-dialled and the committed
-frames not yet acknowledged are resent whole, in their order. Nothing is lost
-silently: a result the receiver keeps rejecting, or that cannot be sent,
-fails its ticket with a clear error.
+Queues, window, Q_B, the policy and the tickets live in
+:class:`~ladsd.transport.outbox.Outbox`; this module dials the receiver,
+writes the committed queue in order through the token bucket, reads acks and
+nacks, and re-dials after a dropped connection (the outbox then resends the
+unacknowledged frames whole, in their order).
 
 All methods run on the event loop's thread (the engine thread hands states
 over with ``call_soon_threadsafe``).
@@ -21,44 +13,22 @@ over with ``call_soon_threadsafe``).
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
-import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ladsd.clock import Clock, now
 from ladsd.config import FRAME_OVERHEAD, LinkConfig
 from ladsd.delivery.policy import Pending, Policy, SenderView
-from ladsd.records import (
-    ContinuationId,
-    EngineState,
-    InventoryItem,
-    Phase,
-    SenderInventory,
-)
-from ladsd.transport.control import Control, Kind, Reason, nodelay, read_control
-from ladsd.transport.errors import (
-    Cancelled,
-    ControlError,
-    FrameRejected,
-    LinkClosed,
-    LinkError,
-    OfferError,
-    PolicyError,
-    SendFailed,
-)
-from ladsd.transport.frame import (
-    Codec,
-    Frame,
-    FrameError,
-    digest,
-    encode,
-    encode_payload,
-    make_frame,
-)
+from ladsd.records import ContinuationId, EngineState, SenderInventory
+from ladsd.transport.control import nodelay, read_control
+from ladsd.transport.errors import ControlError, LinkDown, LinkError
+from ladsd.transport.frame import Codec, digest, encode_payload
+from ladsd.transport.outbox import OUTBOX_COUNTERS, Entry, Outbox, Ticket
 from ladsd.transport.pacer import TokenBucket
+
+__all__ = ["SENDER_COUNTERS", "Fault", "Prepared", "Sender", "Ticket", "prepare"]
 
 
 @dataclass(frozen=True)
@@ -97,81 +67,29 @@ def prepare(
     return Prepared(item, payload, c, encode_s)
 
 
-@dataclass(eq=False)
-class Ticket:
-    """One offered result's progress. Futures fail with a LinkError if it is not delivered.
-
-    ``s`` is the latest commitment (the delivered one, once ``c`` is known);
-    ``committed`` resolves at the first commitment.
-    """
-
-    item: Pending
-    committed: asyncio.Future[float]
-    received: asyncio.Future[float]
-    s: float | None = None
-    c: float | None = None
-    commits: int = 0
-    sends: int = 0  # transmissions, resends included
-    rejects: int = 0
-    reasons: list[str] = field(default_factory=list)  # one per reject
-    error: LinkError | None = None
-
-    @property
-    def cid(self) -> ContinuationId:
-        return self.item.cid
-
-
-@dataclass(eq=False)
-class _Entry:
-    ticket: Ticket
-    seq: int  # offer order: FIFO tie-break
-    data: bytes  # the encoded frame
-    phase: Phase = Phase.PENDING
-    wire: bytes = b""  # this transmission (``data`` unless a fault altered it)
-    sent: int = 0  # bytes of this transmission on the wire
-    tx: int = 0  # transmissions of the current commitment
-    drops: int = 0  # dropped connections charged to it (oldest unacknowledged)
-
-    def order(self) -> tuple[float, int]:
-        return (self.ticket.item.ready_time, self.seq)
-
-
-def _consume(fut: asyncio.Future) -> None:
-    # The failure is also kept on the ticket and counted; don't log it as unretrieved.
-    if not fut.cancelled():
-        fut.exception()
-
-
 _DROPS = (ConnectionError, asyncio.IncompleteReadError, ControlError, OSError)
 
 Fault = Callable[[ContinuationId, int, bytes], bytes]
 
-SENDER_COUNTERS = (
-    "offers",  # results offered
-    "decisions",  # policy.choose calls
-    "holds",  # choose returned None
-    "commits",  # commitments (a re-queued result commits again)
-    "frames",  # complete transmissions, resends included
-    "bytes",  # bytes put on the wire, resends included
-    "resends",  # transmissions repeated after a dropped connection
-    "acks",
-    "duplicate_acks",  # acks for frames the receiver already had (first ack lost)
-    "rejects",  # nacks received
-    "requeues",  # rejected results put back into F(t)
-    "failed",  # tickets failed (rejected too often, unsendable, closed, cancelled)
-    "cancelled",
+SOCKET_COUNTERS = (
     "control_bytes",  # ack/nack bytes received
-    "stray_control",  # acks/nacks matching nothing in flight
     "connects",
     "connect_failures",
     "drops",
-    "states",
-    "states_out_of_order",
 )
+SENDER_COUNTERS = (*OUTBOX_COUNTERS, *SOCKET_COUNTERS)
 
 
 class Sender:
-    """The sending end: inventory, committed queue, window, pacing, resends.
+    """The sending end: a paced TCP writer and control reader around one :class:`Outbox`.
+
+    Owns: the connection (dial, re-dial with backoff), the token bucket, the
+    writer and reader tasks, the drop streak, and the socket counters
+    (``connects``, ``connect_failures``, ``drops``, ``control_bytes``). All
+    queue and policy state is the outbox's (:attr:`outbox`); the Sender only
+    reports the wire to it. The owner of the results calls :meth:`offer` /
+    :meth:`offer_many`, :meth:`set_state`, :meth:`complete`, :meth:`cancel`,
+    then :meth:`start` once, and :meth:`drain` / :meth:`close`.
 
     ``on_inventory(SenderInventory)`` is called at readiness and on every
     change (offer, commit, each chunk on the wire, ack, re-queue, cancel).
@@ -179,6 +97,17 @@ class Sender:
     :class:`FrameRejected`; one on which the connection drops ``max_drops``
     times fails with :class:`SendFailed`. ``fault(cid, send_no, frame_bytes)
     -> bytes`` (tests only) may alter a transmission; it must keep the length.
+
+    Fail fast: the sender stops, failing every outstanding ticket with the
+    same error, when the policy fails (:class:`PolicyError`), when the
+    connection drops or cannot be re-dialled more than ``max_drops`` times in
+    a row with results outstanding and no answer from the receiver
+    (:class:`LinkDown`), or on any other error of its task. :attr:`failure`
+    then fails with that error (with :class:`LinkClosed` after :meth:`close`),
+    so a caller can ``asyncio.wait`` on it beside its own futures.
+
+    Invariants (:meth:`check_integrity`): the outbox's; the drop streak is at
+    most ``max_drops`` while running; a closing sender's outbox is closed.
     """
 
     def __init__(
@@ -193,12 +122,18 @@ class Sender:
         max_drops: int = 8,
         fault: Fault | None = None,
     ) -> None:
-        if config.window < 1:
-            raise ValueError(f"window must be >= 1, got {config.window}")
         if max_rejects < 0 or max_drops < 1:
             raise ValueError(
                 f"need max_rejects >= 0 and max_drops >= 1, got {max_rejects}, {max_drops}"
             )
+        self.outbox = Outbox(
+            policy,
+            config=config,
+            on_inventory=on_inventory,
+            on_stop=self._stopped,
+            clock=clock,
+            max_rejects=max_rejects,
+        )
         self.policy = policy
         self.config = config
         self.rate = float(config.rate_bytes_per_s)
@@ -206,73 +141,63 @@ class Sender:
         self.codec = Codec.parse(config.codec)
         self.bucket = bucket or TokenBucket(self.rate, config.bucket_bytes)
         self.chunk = self.bucket.depth  # a write is at most one chunk = bucket depth
-        self.on_inventory = on_inventory
-        self.max_rejects = max_rejects
         self.max_drops = max_drops
         self.fault = fault
-        self._clock = clock
-        self._pending: list[_Entry] = []  # F(t), FIFO order
-        self._committed: deque[_Entry] = deque()  # transport order
-        self._by_cid: dict[ContinuationId, _Entry] = {}  # pending + committed
-        self._seq = 0
-        self._state: EngineState | None = None
-        self._seq_before = -1
-        self._wake = asyncio.Event()  # the writer has something to send
-        self._idle = asyncio.Event()  # nothing pending, nothing committed
-        self._idle.set()
-        self._connected = asyncio.Event()
+        self._connected = asyncio.Event()  # set at the first connection, stays set
         self._task: asyncio.Task[None] | None = None
         self._closing = False
-        self._error: BaseException | None = None
+        self._streak = 0  # drops / failed re-dials since the receiver last answered
         self.host: str = config.host
         self.port: int | None = None
-        self.counters: Counter[str] = Counter(dict.fromkeys(SENDER_COUNTERS, 0))
-        self.decision_s = 0.0  # wall time spent inside policy.choose
+        self.counters: Counter[str] = Counter(dict.fromkeys(SOCKET_COUNTERS, 0))
 
-    # ---- state the policies see
+    # ---- state (the outbox's)
 
     @property
     def q_b(self) -> int:
         """Committed bytes not yet on the wire."""
-        return sum(len(e.data) - e.sent for e in self._committed)
+        return self.outbox.q_b
 
     @property
     def in_flight(self) -> int:
         """Committed frames not yet completely received (acknowledged)."""
-        return len(self._committed)
+        return self.outbox.in_flight
 
     @property
     def pending(self) -> tuple[Pending, ...]:
         """F(t) in FIFO order."""
-        return tuple(e.ticket.item for e in self._pending)
+        return self.outbox.pending
 
     @property
     def committed(self) -> tuple[ContinuationId, ...]:
         """The committed queue, in transport order."""
-        return tuple(e.ticket.cid for e in self._committed)
+        return self.outbox.committed
+
+    @property
+    def decision_s(self) -> float:
+        """Wall time spent inside ``policy.choose``."""
+        return self.outbox.decision_s
+
+    @property
+    def error(self) -> LinkError | None:
+        """The fatal error once the sender has died (None while running or after close)."""
+        return self.outbox.error
+
+    @property
+    def failure(self) -> asyncio.Future[None]:
+        """Fails with the fatal error when the sender dies (:class:`LinkClosed` after close).
+
+        Never succeeds; await it (or ``asyncio.wait`` on it beside other futures) to
+        stop waiting when the link cannot deliver any more. Needs a running loop.
+        """
+        return self.outbox.failure
 
     def view(self) -> SenderView:
-        return SenderView(
-            q_b=self.q_b,
-            rate=self.rate,
-            overhead=FRAME_OVERHEAD,
-            state=self._state,
-            state_seq_before=self._seq_before,
-        )
+        return self.outbox.view()
 
     def inventory(self) -> SenderInventory:
         """The causal inventory: pending and committed results, FIFO order."""
-        entries = sorted([*self._pending, *self._committed], key=_Entry.order)
-        return SenderInventory(
-            time=self._clock(),
-            items=tuple(
-                InventoryItem(e.ticket.cid, e.phase, e.ticket.item.payload_bytes, e.order()[0])
-                for e in entries
-            ),
-            q_b=self.q_b,
-            rate=self.rate,
-            overhead=FRAME_OVERHEAD,
-        )
+        return self.outbox.inventory()
 
     # ---- inputs
 
@@ -289,60 +214,21 @@ class Sender:
         """Make several results ready at once, so the policy sees them together.
 
         All or nothing: a bad item raises :class:`OfferError` and none is added.
+        Raises the fatal error once the sender died, :class:`LinkClosed` once closed.
         """
-        self._check_open()
-        c = self.codec if codec is None else Codec.parse(codec)
-        loop = asyncio.get_running_loop()
-        batch: list[_Entry] = []
-        seen: set[ContinuationId] = set()
-        for item, payload in items:
-            if item.cid in self._by_cid or item.cid in seen:
-                raise OfferError(f"{item.cid.key()} is already pending or in flight")
-            seen.add(item.cid)
-            data = self._frame(item, payload, c)
-            ticket = Ticket(item, loop.create_future(), loop.create_future())
-            batch.append(_Entry(ticket, self._seq + len(batch), data))
-        self._seq += len(batch)
-        for e in batch:
-            bisect.insort(self._pending, e, key=_Entry.order)
-            self._by_cid[e.ticket.cid] = e
-        self.counters["offers"] += len(batch)
-        self._changed()
-        self._pump()
-        self._check_open()
-        return [e.ticket for e in batch]
+        return self.outbox.offer_many(items, codec=codec)
 
     def set_state(self, state: EngineState) -> None:
-        """The latest engine state: passed to the policy in SenderView, unfiltered.
-
-        The previous state's seq becomes ``state_seq_before``, so the policy's
-        record checks (duplicate, order) see exactly what arrived.
-        """
-        self._seq_before = self._state.seq if self._state is not None else -1
-        if state.seq <= self._seq_before:
-            self.counters["states_out_of_order"] += 1
-        self._state = state
-        self.counters["states"] += 1
-        on_state = getattr(self.policy, "on_state", None)
-        if on_state is not None:
-            on_state(state, self._clock())
-        self._pump()
+        """The latest engine state, passed to the policy unfiltered (see :class:`Outbox`)."""
+        self.outbox.set_state(state)
 
     def complete(self, cid: ContinuationId, output_tokens: int) -> None:
         """The continuation's model call ended: tell the policy, then decide again."""
-        self.policy.on_complete(cid, output_tokens, self._clock())
-        self._pump()
+        self.outbox.complete(cid, output_tokens)
 
     def cancel(self, cid: ContinuationId) -> bool:
         """Withdraw a pending (uncommitted) result; committed frames keep their place."""
-        e = self._by_cid.get(cid)
-        if e is None or e.phase is not Phase.PENDING:
-            return False
-        self._pending.remove(e)
-        self._fail(e, Cancelled(f"{cid.key()} cancelled before commitment"))
-        self.counters["cancelled"] += 1
-        self._changed()
-        return True
+        return self.outbox.cancel(cid)
 
     # ---- lifecycle
 
@@ -360,9 +246,9 @@ class Sender:
 
     async def drain(self) -> None:
         """Wait until every offered result is received (or failed)."""
-        await self._idle.wait()
-        if self._error is not None:
-            raise self._error
+        await self.outbox.idle.wait()
+        if self.outbox.error is not None:
+            raise self.outbox.error
 
     async def close(self, *, drain: bool = False, timeout: float | None = None) -> None:
         """Stop; with ``drain``, first wait (up to ``timeout``) for everything offered.
@@ -370,161 +256,60 @@ class Sender:
         Results not yet received fail with :class:`LinkClosed`.
         """
         try:
-            if drain and self._error is None and not self._closing:
+            if drain and self.outbox.error is None and not self._closing:
                 await asyncio.wait_for(self.drain(), timeout)
         finally:
             self._closing = True
+            self.outbox.close()  # before any await: nothing commits or moves from here on
             if self._task is not None and not self._task.done():
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
-            for e in [*self._pending, *self._committed]:
-                self._fail(e, LinkClosed(f"link closed before {e.ticket.cid.key()} was received"))
-            self._pending.clear()
-            self._committed.clear()
-            self._changed()
 
     def stats(self) -> dict[str, float]:
-        out: dict[str, float] = dict(self.counters)
-        out["decision_s"] = self.decision_s
-        out["q_b"] = self.q_b
-        out["in_flight"] = self.in_flight
-        out["pending"] = len(self._pending)
-        return out
+        return {**self.outbox.stats(), **self.counters}
 
-    # ---- decisions
+    def sizes(self) -> dict[str, int]:
+        """Per-result structures (the socket part keeps none of its own)."""
+        return self.outbox.sizes()
 
-    def _pump(self) -> None:
-        """Commit while the window has room and results are pending."""
-        try:
-            while (
-                not self._closing
-                and self._error is None
-                and self._pending
-                and len(self._committed) < self.window
-            ):
-                items = tuple(e.ticket.item for e in self._pending)
-                view = self.view()
-                t = self._clock()
-                t0 = time.perf_counter()
-                choice = self.policy.choose(items, view, t)
-                self.decision_s += time.perf_counter() - t0
-                self.counters["decisions"] += 1
-                if choice is None:
-                    self.counters["holds"] += 1  # asked again after the next event
-                    return
-                e = self._by_cid.get(choice.cid)
-                if e is None or e.phase is not Phase.PENDING or e.ticket.item != choice:
-                    raise PolicyError(
-                        f"policy {getattr(self.policy, 'name', '?')} chose {choice.cid.key()}, "
-                        "which is not a pending result"
-                    )
-                self._commit(e)
-                self.policy.on_commit(choice, e.ticket.s)  # type: ignore[arg-type]
-        except Exception as exc:  # a broken policy stops the link loudly
-            self._fatal(exc)
-
-    def _commit(self, e: _Entry) -> None:
-        self._pending.remove(e)
-        t = self._clock()
-        tk = e.ticket
-        e.phase, e.sent, e.tx, e.drops = Phase.COMMITTED, 0, 0, 0
-        tk.s = t
-        tk.commits += 1
-        if not tk.committed.done():
-            tk.committed.set_result(t)
-        self._committed.append(e)
-        self.counters["commits"] += 1
-        self._wake.set()
-        self._changed()
-
-    def _frame(self, item: Pending, payload: bytes, codec: Codec) -> bytes:
-        cid = item.cid
-        if len(payload) != item.payload_bytes:
-            raise OfferError(
-                f"{cid.key()}: payload is {len(payload)} bytes, item says {item.payload_bytes}"
-            )
-        if item.frame_bytes != FRAME_OVERHEAD + item.payload_bytes:
-            raise OfferError(
-                f"{cid.key()}: frame_bytes {item.frame_bytes} != h + p = "
-                f"{FRAME_OVERHEAD + item.payload_bytes}"
-            )
-        if len(payload) > self.config.max_payload_bytes:
-            raise OfferError(
-                f"{cid.key()}: payload of {len(payload)} bytes exceeds the link maximum "
-                f"{self.config.max_payload_bytes}"
-            )
-        try:
-            frame: Frame = make_frame(
-                cid,
-                payload,
-                prefix_digest=item.prefix_digest,
-                ready_time=item.ready_time,
-                codec=codec,
-            )
-            data = encode(frame)
-        except FrameError as exc:
-            raise OfferError(f"{cid.key()}: {exc}") from None
-        if frame.header.payload_digest != item.payload_digest:
-            raise OfferError(
-                f"{cid.key()}: payload digest does not match the item's payload_digest"
-            )
-        return data
-
-    # ---- bookkeeping
-
-    def _changed(self) -> None:
-        if self._pending or self._committed:
-            self._idle.clear()
-        else:
-            self._idle.set()
-        if self.on_inventory is not None:
-            self.on_inventory(self.inventory())
-
-    def _fail(self, e: _Entry, err: LinkError) -> None:
-        tk = e.ticket
-        tk.error = err
-        for fut in (tk.committed, tk.received):
-            if not fut.done():
-                fut.set_exception(err)
-                fut.add_done_callback(_consume)
-        self._by_cid.pop(tk.cid, None)
-        self.counters["failed"] += 1
-
-    def _fatal(self, exc: BaseException) -> None:
-        self._error = exc
-        err = exc if isinstance(exc, LinkError) else LinkError(f"sender stopped: {exc!r}")
-        for e in [*self._pending, *self._committed]:
-            self._fail(e, err)
-        self._pending.clear()
-        self._committed.clear()
-        self._changed()
-        if self._task is not None and self._task is not asyncio.current_task():
-            self._task.cancel()
-
-    def _check_open(self) -> None:
-        if self._error is not None:
-            raise self._error
-        if self._closing:
-            raise LinkClosed("sender is closed")
+    def check_integrity(self) -> None:
+        """Assert the invariants of the class docstring."""
+        self.outbox.check_integrity()
+        assert self.chunk == self.bucket.depth
+        assert self.outbox.error is not None or self._streak <= self.max_drops, "streak"
+        assert not self._closing or self.outbox.closed, "closing, but the outbox is open"
+        assert self._connected.is_set() == (self.counters["connects"] > 0)
 
     # ---- connection
+
+    def _stopped(self, err: LinkError) -> None:
+        # The outbox died (policy, streak, ...): the connection has nothing left to do.
+        if self._task is not None and self._task is not asyncio.current_task():
+            self._task.cancel()
 
     async def _run(self) -> None:
         try:
             await self._dial()
         except Exception as exc:  # not a dropped connection: stop loudly
-            self._fatal(exc)
+            err = exc if isinstance(exc, LinkError) else LinkError(f"sender stopped: {exc!r}")
+            if err is not exc:
+                err.__cause__ = exc
+            self.outbox.stop(err)
 
     async def _dial(self) -> None:
         backoff = 0.02
-        while not self._closing and self._error is None:
+        while not self._closing and self.outbox.error is None:
             try:
                 reader, writer = await asyncio.open_connection(self.host, self.port)
             except OSError:
                 self.counters["connect_failures"] += 1
-                await asyncio.sleep(backoff)
-                backoff = min(2 * backoff, 1.0)
+                # Before the first connection start()'s connect_timeout governs.
+                if self._connected.is_set() and self.outbox.in_flight:
+                    self._strike("re-dial failed")
+                if self.outbox.error is None:
+                    await asyncio.sleep(backoff)
+                    backoff = min(2 * backoff, 1.0)
                 continue
             backoff = 0.02
             nodelay(writer)
@@ -551,104 +336,61 @@ class Sender:
                 self._dropped()
 
     def _dropped(self) -> None:
-        """Committed frames not yet acknowledged go on the wire again, whole, in order.
-
-        The receiver handles frames in order, so the drop is charged to the
-        oldest unacknowledged frame if it had started; after ``max_drops``
-        charges it fails (a frame the receiver keeps choking on).
-        """
+        """Resend what is unacknowledged; charge the drop (the outbox fails a choking frame)."""
         self.counters["drops"] += 1
-        head = self._committed[0] if self._committed else None
-        started = head is not None and head.sent > 0
-        for e in self._committed:
-            e.sent = 0
-        if head is not None and started:
-            head.drops += 1
-            if head.drops >= self.max_drops:
-                self._committed.popleft()
-                cid = head.ticket.cid.key()
-                self._fail(head, SendFailed(f"{cid}: connection dropped {head.drops} times on it"))
-        self._changed()
-        self._pump()
+        outstanding = self.outbox.in_flight > 0
+        self.outbox.rewind(self.max_drops)
+        if outstanding:
+            self._strike("connection dropped")
 
-    def _next_unsent(self) -> _Entry | None:
-        for e in self._committed:
-            if e.sent < len(e.data):
-                return e
-        return None
+    def _strike(self, what: str) -> None:
+        """One more drop or failed re-dial with results outstanding and no answer since.
 
-    def _begin(self, e: _Entry) -> None:
-        """Start a transmission of ``e``."""
-        e.tx += 1
-        e.ticket.sends += 1
-        if e.tx > 1:
-            self.counters["resends"] += 1
-        e.wire = e.data
-        if self.fault is not None:
-            e.wire = self.fault(e.ticket.cid, e.ticket.sends, e.data)
-            if len(e.wire) != len(e.data):
-                raise LinkError("a fault must keep the frame length")
+        A frame that chokes the receiver fails alone after ``max_drops`` charges
+        (the outbox's rewind); a link that keeps failing beyond that stops the sender.
+        """
+        self._streak += 1
+        if self._streak > self.max_drops:
+            self.outbox.stop(
+                LinkDown(
+                    f"{what}: {self._streak} drops or failed re-dials of {self.host}:{self.port} "
+                    f"in a row with results outstanding and no answer (max_drops "
+                    f"{self.max_drops})"
+                )
+            )
+
+    def _wire(self, e: Entry) -> bytes:
+        """Start a transmission of ``e``: the bytes to send (a test fault may alter them)."""
+        send_no = self.outbox.begin(e)
+        if self.fault is None:
+            return e.data
+        wire = self.fault(e.ticket.cid, send_no, e.data)
+        if len(wire) != len(e.data):
+            raise LinkError("a fault must keep the frame length")
+        return wire
 
     async def _write(self, writer: asyncio.StreamWriter) -> None:
+        cur: Entry | None = None
+        wire = b""
         while True:
-            e = self._next_unsent()
+            e = self.outbox.next_unsent()
             if e is None:
-                self._wake.clear()
-                await self._wake.wait()
+                await self.outbox.unsent.wait()
                 continue
-            if e.sent == 0:
-                self._begin(e)
-            left = len(e.wire) - e.sent
+            if e.sent == 0 or e is not cur:
+                assert e.sent == 0, "a frame resumed mid-transmission by a new writer"
+                cur, wire = e, self._wire(e)
+            left = len(wire) - e.sent
             n = await self.bucket.take(
                 min(self.chunk, left), least=min(max(1, self.chunk // 2), left)
             )
-            writer.write(e.wire[e.sent : e.sent + n])
-            e.sent += n
-            self.counters["bytes"] += n
-            if e.sent == len(e.wire):
-                self.counters["frames"] += 1
-            self._changed()  # Q_B moved
+            writer.write(wire[e.sent : e.sent + n])
+            self.outbox.wrote(e, n)
             await writer.drain()
 
     async def _read_control(self, reader: asyncio.StreamReader) -> None:
         while True:
             msg, size = await read_control(reader)
             self.counters["control_bytes"] += size
-            self._on_control(msg)
-
-    def _on_control(self, msg: Control) -> None:
-        e = self._by_cid.get(msg.cid)
-        if e is None or e.phase is not Phase.COMMITTED or e.sent < len(e.data):
-            self.counters["stray_control"] += 1
-            return
-        if e.ticket.item.payload_digest != msg.payload_digest:
-            self.counters["stray_control"] += 1
-            return
-        self._committed.remove(e)
-        tk = e.ticket
-        if msg.kind is Kind.ACK:
-            self._by_cid.pop(tk.cid)
-            e.phase = Phase.RECEIVED
-            tk.c = msg.c
-            if not tk.received.done():
-                tk.received.set_result(msg.c)
-            self.counters["acks"] += 1
-            if msg.reason is Reason.DUPLICATE:
-                self.counters["duplicate_acks"] += 1
-        else:
-            self.counters["rejects"] += 1
-            tk.rejects += 1
-            tk.reasons.append(msg.reason.name.lower())
-            if tk.rejects > self.max_rejects:
-                self._fail(
-                    e,
-                    FrameRejected(
-                        f"{tk.cid.key()} rejected {tk.rejects} times ({', '.join(tk.reasons)})"
-                    ),
-                )
-            else:
-                e.phase = Phase.PENDING
-                bisect.insort(self._pending, e, key=_Entry.order)
-                self.counters["requeues"] += 1
-        self._changed()
-        self._pump()
+            self._streak = 0  # the receiver answers: the link works
+            self.outbox.answer(msg)
