@@ -7,6 +7,13 @@ It answers every frame on the same connection: an ack (``c`` included,
 which frees a window slot) or a nack (the sender re-queues the result).
 Deliveries are deduplicated by identity + payload digest, so a frame resent
 after a lost ack is acknowledged again but registered once.
+
+The dedup memory is per continuation and trimmed by :meth:`Receiver.forget`
+once the continuation's resumed call is complete (a long-lived daemon stays
+bounded). A frame that arrives later for a forgotten continuation is no
+longer recognised as a duplicate: it is a stale frame, handed to the
+registration callback like any other, which refuses it (nack, ``binding``)
+because nothing waits for it; the sender's ``max_rejects`` rule then ends it.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ RECEIVER_COUNTERS = (
     "connection_errors",
     "answers_lost",  # acks/nacks not sent because the connection was gone
     "control_bytes",  # ack/nack bytes sent
+    "forgotten",  # continuations whose dedup memory forget() dropped
 )
 
 
@@ -78,6 +86,8 @@ class Receiver:
     ``register(delivery)`` is awaited for each verified, new frame in receipt
     order; raising :class:`Rejected` refuses the binding (the sender re-queues
     the result). ``on_bytes(n, t)`` observes every read (benchmarks).
+    The owner calls :meth:`forget` once a continuation's resumed call is
+    complete; the receiver keeps nothing else per continuation.
     """
 
     def __init__(
@@ -96,7 +106,8 @@ class Receiver:
         self._conn: asyncio.StreamWriter | None = None
         self._handlers: set[asyncio.Task] = set()
         self._lock = asyncio.Lock()  # one frame at a time, across connections
-        self._delivered: dict[tuple[ContinuationId, str], float] = {}  # -> first c
+        # cid -> payload digest -> first complete receipt c (dedup; trimmed by forget)
+        self._delivered: dict[ContinuationId, dict[str, float]] = {}
         self.counters: Counter[str] = Counter(dict.fromkeys(RECEIVER_COUNTERS, 0))
         self.last_error: BaseException | None = None
         self.host = config.host
@@ -130,8 +141,23 @@ class Receiver:
         if self._server is not None:
             await self._server.wait_closed()
 
+    def forget(self, cid: ContinuationId) -> bool:
+        """Drop the dedup memory of ``cid`` (call once its resumed call is complete).
+
+        Later frames for ``cid`` are stale frames (see the module docstring).
+        Returns False if nothing was remembered for it.
+        """
+        if self._delivered.pop(cid, None) is None:
+            return False
+        self.counters["forgotten"] += 1
+        return True
+
     def stats(self) -> dict[str, float]:
         return dict(self.counters)
+
+    def sizes(self) -> dict[str, int]:
+        """Per-result structures and their lengths (0 once every continuation is forgotten)."""
+        return {"delivered": len(self._delivered)}
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -189,8 +215,7 @@ class Receiver:
         h = frame.header
         self.counters["frames_in"] += 1
         async with self._lock:
-            key = (h.cid, h.payload_digest)
-            first = self._delivered.get(key)
+            first = self._delivered.get(h.cid, {}).get(h.payload_digest)
             if first is not None:
                 self.counters["duplicates"] += 1
                 msg = Control(Kind.ACK, Reason.DUPLICATE, h.cid, h.payload_digest, first)
@@ -233,7 +258,7 @@ class Receiver:
                     writer, Control(Kind.NACK, Reason.ERROR, h.cid, h.payload_digest, t)
                 )
                 return
-            self._delivered[key] = t
+            self._delivered.setdefault(h.cid, {})[h.payload_digest] = t
             self.counters["delivered"] += 1
             await self._answer(writer, Control(Kind.ACK, Reason.OK, h.cid, h.payload_digest, t))
 
