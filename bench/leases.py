@@ -1,6 +1,6 @@
 """Lease costs: acquire/release per block, and ``schedule()`` with 0 vs many leases.
 
-No model: vLLM's real scheduler and block pool (``ladsd.engine.bare``), driven
+No model: vLLM's real scheduler and block pool (``ladsd.testing``), driven
 with fake one-token outputs. Variants run side by side in one process and are
 printed as a table with ratios to vLLM's own operations, then one JSON line.
 Measures; never asserts.
@@ -23,10 +23,11 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 
+from ladsd import testing  # noqa: E402
 from ladsd.clock import ManualClock  # noqa: E402
 from ladsd.config import LeaseConfig  # noqa: E402
-from ladsd.engine import bare  # noqa: E402
 from ladsd.engine.leases import LeaseScheduler  # noqa: E402
+from ladsd.engine.resident import flatten, lookup, make_hasher, prefix_hashes  # noqa: E402
 from ladsd.records import (  # noqa: E402
     ContinuationId,
     HistoryNotice,
@@ -34,7 +35,6 @@ from ladsd.records import (  # noqa: E402
     Phase,
     SenderInventory,
 )
-from ladsd.engine.resident import flatten, lookup, make_hasher, prefix_hashes  # noqa: E402
 
 BS = 16
 
@@ -49,18 +49,18 @@ def best(fn: Callable[[], float], repeat: int) -> float:
 
 
 def run_to_end(s: object, tokens: list[int], rid: str) -> None:
-    req = bare.make_request(rid, tokens, max_tokens=1)
+    req = testing.make_request(rid, tokens, max_tokens=1)
     s.add_request(req)  # type: ignore[attr-defined]
     for _ in range(10_000):
         if req.is_finished():
             return
-        bare.step(s)
+        testing.step(s)
     raise RuntimeError("request did not finish")
 
 
 def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
     """Nanoseconds per block: vLLM touch/free vs lease touch/free vs the lease book."""
-    s = bare.make_scheduler(
+    s = testing.make_scheduler(
         LeaseScheduler, num_blocks=n_blocks + 64, max_model_len=n_blocks * BS + 64
     )
     clk = ManualClock(0.0)
@@ -122,7 +122,7 @@ def sched_cost(variant: str, n_leases: int, steps: int, repeat: int) -> float:
     """Microseconds per ``schedule()`` with 8 decoding requests and ``n_leases`` leases."""
     lease_blocks = 16
     cls = Scheduler if variant == "vllm" else LeaseScheduler
-    s = bare.make_scheduler(
+    s = testing.make_scheduler(
         cls, num_blocks=8 * 200 + n_leases * lease_blocks + 256, max_model_len=4096
     )
     clk = ManualClock(0.0)
@@ -142,9 +142,9 @@ def sched_cost(variant: str, n_leases: int, steps: int, repeat: int) -> float:
             s.lease_bind(ContinuationId(f"w{k}", 1), f"not-yet-{k}")
         assert s.lease_state().U == n_leases * lease_blocks, "leases were not granted"
     for k in range(8):
-        s.add_request(bare.make_request(f"d{k}", toks(900 + k, 4), max_tokens=3000))
+        s.add_request(testing.make_request(f"d{k}", toks(900 + k, 4), max_tokens=3000))
     for _ in range(4):  # prefill, then steady decode
-        bare.step(s)
+        testing.step(s)
 
     def measure() -> float:
         spent = 0.0
@@ -152,7 +152,7 @@ def sched_cost(variant: str, n_leases: int, steps: int, repeat: int) -> float:
             t = time.perf_counter()
             out = s.schedule()
             spent += time.perf_counter() - t
-            s.update_from_output(out, bare.fake_output(s, out))
+            s.update_from_output(out, testing.fake_output(s, out))
         return spent / steps * 1e6
 
     us = best(measure, repeat)

@@ -13,9 +13,9 @@ import pytest
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.request import RequestStatus
 
+from ladsd import testing
 from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
-from ladsd.engine import bare
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
 from ladsd.engine.leases import AsyncLeaseScheduler, LeaseScheduler
 from ladsd.records import (
@@ -65,12 +65,12 @@ class Rig:
 
     def add(self, tokens: list[int], max_tokens: int = 2, rid: str | None = None) -> Any:
         self.n_req += 1
-        req = bare.make_request(rid or f"r{self.n_req}", tokens, max_tokens=max_tokens)
+        req = testing.make_request(rid or f"r{self.n_req}", tokens, max_tokens=max_tokens)
         self.s.add_request(req)
         return req
 
     def step(self) -> Any:
-        out = bare.step(self.s)
+        out = testing.step(self.s)
         self.ok()
         return out
 
@@ -112,7 +112,7 @@ def rig(
     kappa: float = 0.0,
     enabled: bool = True,
 ) -> Rig:
-    s = bare.make_scheduler(cls, num_blocks=num_blocks, block_size=BS)
+    s = testing.make_scheduler(cls, num_blocks=num_blocks, block_size=BS)
     clk = ManualClock(1000.0)
     cfg = LeaseConfig(enabled=enabled, headroom_blocks=headroom, lease_lifetime_s=lifetime)
     s.lease_setup(cfg, kappa, clk)
@@ -133,12 +133,12 @@ def cont(history: list[int], seed: int = 99) -> list[int]:
 
 
 def test_before_setup_the_scheduler_is_plain_vllm() -> None:
-    s = bare.make_scheduler(LeaseScheduler, num_blocks=32)
+    s = testing.make_scheduler(LeaseScheduler, num_blocks=32)
     assert type(s.kv_cache_manager.block_pool) is BlockPool
-    req = bare.make_request("x", toks(0, 3))
+    req = testing.make_request("x", toks(0, 3))
     s.add_request(req)
     for _ in range(10):
-        bare.step(s)
+        testing.step(s)
         s.check_integrity()
     assert req.is_finished()
     with pytest.raises(RuntimeError, match="lease_setup"):
@@ -543,7 +543,7 @@ def test_published_state_is_version_bound_and_sequenced() -> None:
 def test_cache_salt_is_part_of_the_resident_prefix() -> None:
     r = rig()
     ha = toks(1, 4)
-    req = bare.make_request("salted", ha, cache_salt="tenant-1")
+    req = testing.make_request("salted", ha, cache_salt="tenant-1")
     r.s.add_request(req)
     r.until(req.is_finished)
     assert r.s.lease_resident(ha) == 0

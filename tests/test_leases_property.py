@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from vllm.v1.request import RequestStatus
 
+from ladsd import testing
 from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
-from ladsd.engine import bare
 from ladsd.engine.leases import LeaseScheduler
+from ladsd.engine.resident import flatten, lookup
 from ladsd.records import (
     ContinuationId,
     HistoryNotice,
@@ -29,7 +30,6 @@ from ladsd.records import (
     Phase,
     SenderInventory,
 )
-from ladsd.engine.resident import flatten, lookup
 
 BS = 16
 H = 6
@@ -52,7 +52,7 @@ HISTORIES = [
 class LeaseMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.s: Any = bare.make_scheduler(LeaseScheduler, num_blocks=40, block_size=BS)
+        self.s: Any = testing.make_scheduler(LeaseScheduler, num_blocks=40, block_size=BS)
         self.clk = ManualClock(100.0)
         self.s.lease_setup(
             LeaseConfig(headroom_blocks=H, lease_lifetime_s=LIFETIME), 0.01, self.clk
@@ -79,7 +79,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     def add(self, tokens: list[int], max_tokens: int) -> Any:
         self.n_req += 1
-        req = bare.make_request(f"q{self.n_req}", tokens, max_tokens=max_tokens)
+        req = testing.make_request(f"q{self.n_req}", tokens, max_tokens=max_tokens)
         self.s.add_request(req)
         return req
 
@@ -93,7 +93,7 @@ class LeaseMachine(RuleBasedStateMachine):
         """Allocate and free a request of history ``i``: its blocks become cached."""
         self.add(HISTORIES[i], max_tokens=1)
         for _ in range(4):
-            bare.step(self.s)
+            testing.step(self.s)
 
     @rule(i=st.integers(0, len(HISTORIES) - 1), warm=st.booleans())
     def acquire(self, i: int, warm: bool) -> None:
@@ -148,7 +148,7 @@ class LeaseMachine(RuleBasedStateMachine):
         """Unrelated work: a new request, one step (schedule entry may revoke)."""
         self.add(blocks(100 + self.n_req, n_blocks), max_tokens)
         for _ in range(steps):
-            bare.step(self.s)
+            testing.step(self.s)
 
     @precondition(lambda self: bool(self.s.requests))
     @rule(data=st.data())
@@ -158,7 +158,7 @@ class LeaseMachine(RuleBasedStateMachine):
 
     @rule()
     def step(self) -> None:
-        bare.step(self.s)
+        testing.step(self.s)
 
     @precondition(lambda self: bool(self.items))
     @rule(data=st.data(), same=st.booleans(), leased=st.booleans())
@@ -175,7 +175,7 @@ class LeaseMachine(RuleBasedStateMachine):
         lease = self.book.leases.get(cid)
         held = [b.block_id for b in lease.blocks] if lease else []
         handoffs = self.book.counters["handoffs"]
-        bare.step(self.s)
+        testing.step(self.s)
         if self.book.counters["handoffs"] > handoffs:
             # Only a block table that holds the protected blocks takes the lease over.
             table = self.s.kv_cache_manager.coordinator.get_blocks(req.request_id)[0]
