@@ -21,8 +21,8 @@ from ladsd.transport.link import (
     Kind,
     Link,
     LinkClosed,
+    LinkDown,
     LinkError,
-    OfferError,
     PolicyError,
     Prepared,
     Reason,
@@ -34,6 +34,7 @@ from ladsd.transport.link import (
     encode_control,
     prepare,
 )
+from ladsd.transport.outbox import Outbox
 
 FAST = LinkConfig(rate_bytes_per_s=1_000_000.0)  # loopback tests: pacing on, but quick
 LIMIT_S = 30.0  # every test is bounded in time
@@ -47,7 +48,7 @@ class Recorder:
 
     def __init__(self, key: Callable[[Pending], Any] = lambda p: (p.ready_time, p.cid)) -> None:
         self.key = key
-        self.sender: Sender | None = None
+        self.sender: Sender | Outbox | None = None  # anything with ``in_flight``
         self.commits: list[ContinuationId] = []
         self.in_flight: list[int] = []
         self.views: list[SenderView] = []
@@ -71,6 +72,36 @@ class Recorder:
 
     def stats(self) -> dict[str, int]:
         return {}
+
+
+class Boom(Recorder):
+    """Raises in ``hook`` from its ``at``-th call on."""
+
+    name = "boom"
+
+    def __init__(self, hook: str, at: int = 1) -> None:
+        super().__init__()
+        self.hook, self.at, self.calls = hook, at, 0
+
+    def _maybe(self, hook: str) -> None:
+        if hook == self.hook:
+            self.calls += 1
+            if self.calls >= self.at:
+                raise RuntimeError(f"bad {hook}")
+
+    def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending | None:
+        self._maybe("choose")
+        return super().choose(pending, view, now)
+
+    def on_state(self, state: EngineState, now: float) -> None:
+        self._maybe("on_state")
+
+    def on_commit(self, item: Pending, now: float) -> None:
+        self._maybe("on_commit")
+        super().on_commit(item, now)
+
+    def on_complete(self, cid: ContinuationId, output_tokens: int, now: float) -> None:
+        self._maybe("on_complete")
 
 
 def item(i: int, size: int = 300, codec: Codec = Codec.IDENTITY) -> Prepared:
@@ -243,6 +274,7 @@ async def test_permanent_refusal_fails_the_ticket_loudly_and_loses_nothing_else(
     await link.close(drain=True)
     assert sorted(log.cids) == sorted(p.item.cid for p in preps[1:])
     assert tickets[0].rejects == 3 and link.stats()["failed"] == 1
+    assert link.sender.error is None  # one bad frame does not stop the link
 
 
 async def test_drop_after_registration_reconnects_without_loss_or_duplicates() -> None:
@@ -323,55 +355,6 @@ async def test_hold_waits_for_the_next_event() -> None:
     assert policy.views[-1].state is not None and policy.views[-1].state.seq == 7
 
 
-async def test_state_and_previous_seq_reach_the_policy_unfiltered() -> None:
-    policy = Recorder()
-    policy.hold = True
-    sender = Sender(policy, config=FAST)
-    policy.sender = sender
-    await sender.offer(item(0).item, item(0).payload)
-    for seq in (1, 2, 2):
-        sender.set_state(EngineState(time=0.0, seq=seq, generation=0))
-    assert [(v.state.seq if v.state else None, v.state_seq_before) for v in policy.views] == [
-        (None, -1),
-        (1, -1),
-        (2, 1),
-        (2, 2),  # a duplicate: the policy's record check sees it
-    ]
-    assert sender.stats()["states_out_of_order"] == 1
-    await sender.close()
-
-
-async def test_complete_reaches_the_policy_and_decides_again() -> None:
-    policy = Recorder()
-    policy.hold = True
-    sender = Sender(policy, config=FAST)
-    policy.sender = sender
-    await sender.offer(item(0).item, item(0).payload)
-    policy.hold = False
-    sender.complete(ContinuationId("wf-x", 0), 64)
-    assert policy.commits == [item(0).item.cid]
-    await sender.close()
-
-
-async def test_bad_offers_are_refused_whole() -> None:
-    sender = Sender(Recorder(), config=FAST)
-    good, other = item(0), item(1)
-    with pytest.raises(OfferError, match="payload is"):
-        await sender.offer_many([(good.item, good.payload), (other.item, other.payload[:-1])])
-    assert sender.pending == () and sender.committed == ()
-    with pytest.raises(OfferError, match="digest"):
-        await sender.offer(other.item, bytes(len(other.payload)))
-    big = LinkConfig(max_payload_bytes=10)
-    with pytest.raises(OfferError, match="exceeds"):
-        await Sender(Recorder(), config=big).offer(good.item, good.payload)
-    await sender.offer(good.item, good.payload)
-    with pytest.raises(OfferError, match="already"):
-        await sender.offer(good.item, good.payload)
-    await sender.close()
-    with pytest.raises(LinkClosed):
-        await sender.offer(other.item, other.payload)
-
-
 async def test_cancel_only_before_commitment() -> None:
     policy = Recorder()
     policy.hold = True
@@ -390,17 +373,6 @@ async def test_cancel_only_before_commitment() -> None:
     await sender.close()
     with pytest.raises(LinkClosed):
         await t1.received
-
-
-async def test_a_policy_choosing_nothing_pending_stops_the_link_loudly() -> None:
-    class Rogue(Recorder):
-        def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending:
-            return item(99).item
-
-    sender = Sender(Rogue(), config=FAST)
-    with pytest.raises(PolicyError, match="not a pending result"):
-        await sender.offer(item(0).item, item(0).payload)
-    await sender.close()
 
 
 def test_control_messages_round_trip_and_reject_garbage() -> None:
@@ -472,4 +444,115 @@ async def test_a_frame_that_never_gets_through_fails_after_max_drops() -> None:
         await asyncio.gather(*(t.received for t in tickets[1:]))
     await link.close(drain=True)
     assert log.cids == [p.item.cid for p in preps[1:]]
-    assert link.stats()["failed"] == 1
+    assert link.stats()["failed"] == 1 and link.sender.error is None
+
+
+async def test_a_policy_that_raises_fails_every_ticket_and_stops_the_sender() -> None:
+    log = Log()
+    link = await started(Boom("choose", at=5), log)  # the 5th choice follows the first ack
+    failure = link.sender.failure
+    tickets = await offer_all(link, [item(i) for i in range(8)])
+    async with asyncio.timeout(LIMIT_S):
+        with pytest.raises(PolicyError, match=r"policy boom failed in choose\(\).*bad choose"):
+            await failure
+        assert await tickets[0].received == tickets[0].c
+        for t in tickets[1:]:  # committed (maybe even registered) or pending: all fail
+            with pytest.raises(PolicyError):
+                await t.received
+    assert link.sender.error is failure.exception()
+    with pytest.raises(PolicyError):
+        await link.sender.offer(item(9).item, item(9).payload)
+    with pytest.raises(PolicyError):
+        await link.sender.drain()
+    link.sender.check_integrity()
+    await link.close()
+    assert log.cids[0] == tickets[0].cid and len(log.cids) <= 4
+    assert link.sender.sizes() == {"pending": 0, "committed": 0, "by_cid": 0}
+
+
+async def test_a_link_that_keeps_dropping_stops_the_sender_after_max_drops() -> None:
+    log = Log()
+    link: Link | None = None
+
+    def cut(n: int, t: float) -> None:
+        assert link is not None and link.receiver.abort_connection()  # every read
+
+    link = await started(Recorder(), log, on_bytes=cut, max_drops=2)
+    tickets = await offer_all(link, [item(i) for i in range(3)])
+    async with asyncio.timeout(LIMIT_S):
+        with pytest.raises(LinkDown, match="connection dropped: 3 drops"):
+            await link.sender.failure
+        with pytest.raises(SendFailed, match="dropped 2 times"):  # charged to the head first
+            await tickets[0].received
+        for t in tickets[1:]:
+            with pytest.raises(LinkDown):
+                await t.received
+    link.sender.check_integrity()
+    await link.close()
+    assert log.got == []
+    st = link.stats()
+    assert st["drops"] == 3 and st["failed"] == 3
+
+
+async def test_a_receiver_that_goes_away_fails_everything_outstanding() -> None:
+    got: list[ContinuationId] = []
+    stuck = asyncio.Event()
+
+    async def register(d: Delivery) -> None:
+        got.append(d.cid)
+        if len(got) == 2:  # the second frame never gets its answer
+            stuck.set()
+            await asyncio.Event().wait()
+
+    link = Link(Recorder(), register, config=FAST, max_drops=2)
+    await link.start()
+    tickets = await offer_all(link, [item(i) for i in range(4)])
+    async with asyncio.timeout(LIMIT_S):
+        await tickets[0].received
+        await stuck.wait()
+        await link.receiver.close(grace_s=0.05)  # stops listening: every re-dial is refused
+        with pytest.raises(LinkDown, match="re-dial failed"):
+            await link.sender.failure
+        for t in tickets[1:]:
+            with pytest.raises(LinkDown):
+                await t.received
+    assert link.stats()["connect_failures"] >= 2
+    await link.close()
+
+
+async def test_nothing_is_kept_per_continuation_after_many_workflows() -> None:
+    log = Log()
+    link = await started(Recorder(), log)
+    for n in range(20):
+        tickets = await offer_all(link, [item(i) for i in range(3 * n, 3 * n + 3)])
+        await all_received(tickets)
+        for t in tickets:
+            link.sender.complete(t.cid, 64)
+            assert link.receiver.forget(t.cid)
+        link.sender.check_integrity()
+    assert link.sender.sizes() == link.sender.outbox.sizes()
+    assert link.sender.sizes() == {"pending": 0, "committed": 0, "by_cid": 0}
+    assert link.receiver.sizes() == {"delivered": 0}
+    assert not link.receiver.forget(tickets[0].cid)
+    await link.close(drain=True)
+    st = link.stats()
+    assert st["acks"] == st["rx_delivered"] == st["rx_forgotten"] == 60
+
+
+async def test_a_frame_for_a_forgotten_continuation_is_no_longer_a_duplicate() -> None:
+    log = Log()
+    link = await started(Recorder(), log)
+    p = item(0)
+    for forget in (False, True):
+        (t,) = await offer_all(link, [p])
+        await all_received([t])
+        if forget:
+            link.receiver.forget(p.item.cid)
+        (t,) = await offer_all(link, [p])  # the same frame again
+        await all_received([t])
+        link.receiver.forget(p.item.cid)
+    await link.close(drain=True)
+    # Remembered: acked as a duplicate, registered once. Forgotten: a stale frame goes
+    # to the registration callback like any other (the runtime's refuses it).
+    assert log.cids == [p.item.cid] * 3
+    assert link.stats()["rx_duplicates"] == 1

@@ -198,6 +198,10 @@ class Receiver:
             self.last_error = exc
         except (ConnectionError, OSError):
             self.counters["connection_errors"] += 1
+        except asyncio.CancelledError:
+            # Only close() cancels a handler (one stuck in the callback). Ending normally
+            # keeps asyncio's stream callback (3.11) from logging the cancelled task.
+            pass
         finally:
             if self._conn is writer:
                 self._conn = None
