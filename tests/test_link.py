@@ -556,3 +556,14 @@ async def test_a_frame_for_a_forgotten_continuation_is_no_longer_a_duplicate() -
     # to the registration callback like any other (the runtime's refuses it).
     assert log.cids == [p.item.cid] * 3
     assert link.stats()["rx_duplicates"] == 1
+
+
+async def test_start_after_a_policy_failure_raises_it_at_once() -> None:
+    sender = Sender(Boom("choose"), config=FAST)
+    with pytest.raises(PolicyError):
+        await sender.offer(item(0).item, item(0).payload)
+    with pytest.raises(PolicyError, match="policy boom"):
+        await sender.start("127.0.0.1", 9, connect_timeout=LIMIT_S)
+    await sender.close()
+    with pytest.raises(PolicyError):
+        await sender.failure

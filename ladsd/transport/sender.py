@@ -233,16 +233,28 @@ class Sender:
     # ---- lifecycle
 
     async def start(self, host: str, port: int, *, connect_timeout: float = 10.0) -> None:
-        """Dial the receiver and keep the connection (re-dialling after drops)."""
+        """Dial the receiver and keep the connection (re-dialling after drops).
+
+        Raises at once if the sender already died or was closed, and if it dies
+        while connecting; after ``connect_timeout`` it closes and raises.
+        """
         if self._task is not None:
             raise LinkError("sender already started")
+        self.outbox.check_open()
         self.host, self.port = host, port
         self._task = asyncio.create_task(self._run(), name="ladsd-sender")
+        up = asyncio.ensure_future(self._connected.wait())
         try:
-            await asyncio.wait_for(self._connected.wait(), connect_timeout)
-        except TimeoutError:
-            await self.close()
-            raise LinkError(f"could not connect to {host}:{port} in {connect_timeout} s") from None
+            await asyncio.wait(
+                {up, self._task}, timeout=connect_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            up.cancel()
+        if self._connected.is_set():
+            return
+        err = self.outbox.error
+        await self.close()
+        raise err or LinkError(f"could not connect to {host}:{port} in {connect_timeout} s")
 
     async def drain(self) -> None:
         """Wait until every offered result is received (or failed)."""
