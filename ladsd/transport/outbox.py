@@ -112,7 +112,7 @@ def _consume(fut: asyncio.Future) -> None:
         fut.exception()
 
 
-def frame_bytes(item: Pending, payload: bytes, codec: Codec, max_payload: int) -> bytes:
+def build_frame(item: Pending, payload: bytes, codec: Codec, max_payload: int) -> bytes:
     """The encoded frame of ``item``; :class:`OfferError` if the item contradicts it."""
     cid = item.cid
     if len(payload) != item.payload_bytes:
@@ -284,7 +284,7 @@ class Outbox:
             if item.cid in self._by_cid or item.cid in seen:
                 raise OfferError(f"{item.cid.key()} is already pending or in flight")
             seen.add(item.cid)
-            data = frame_bytes(item, payload, c, self.config.max_payload_bytes)
+            data = build_frame(item, payload, c, self.config.max_payload_bytes)
             ticket = Ticket(item, loop.create_future(), loop.create_future())
             batch.append(Entry(ticket, self._seq + len(batch), data))
         self._seq += len(batch)
@@ -293,7 +293,7 @@ class Outbox:
             self._by_cid[e.ticket.cid] = e
         self.counters["offers"] += len(batch)
         self._changed()
-        self.pump()
+        self._pump()
         self.check_open()  # a policy that failed on this batch fails the offer too
         return [e.ticket for e in batch]
 
@@ -310,12 +310,12 @@ class Outbox:
         self.counters["states"] += 1
         on_state = getattr(self.policy, "on_state", None)
         if on_state is None or self._call("on_state", on_state, state, self._clock()):
-            self.pump()
+            self._pump()
 
     def complete(self, cid: ContinuationId, output_tokens: int) -> None:
         """The continuation's model call ended: tell the policy, then decide again."""
         if self._call("on_complete", self.policy.on_complete, cid, output_tokens, self._clock()):
-            self.pump()
+            self._pump()
 
     def cancel(self, cid: ContinuationId) -> bool:
         """Withdraw a pending (uncommitted) result; committed frames keep their place."""
@@ -330,7 +330,7 @@ class Outbox:
 
     # ---- decisions
 
-    def pump(self) -> None:
+    def _pump(self) -> None:
         """Commit while the window has room and results are pending."""
         while (
             not self.closed
@@ -457,7 +457,7 @@ class Outbox:
                 bisect.insort(self._pending, e, key=Entry.order)
                 self.counters["requeues"] += 1
         self._changed()
-        self.pump()
+        self._pump()
         return True
 
     def rewind(self, max_drops: int) -> Entry | None:
@@ -480,7 +480,7 @@ class Outbox:
                 self._fail(head, SendFailed(f"{cid}: connection dropped {head.drops} times on it"))
                 failed = head
         self._changed()
-        self.pump()
+        self._pump()
         return failed
 
     # ---- the end

@@ -136,10 +136,7 @@ class Sender:
         )
         self.policy = policy
         self.config = config
-        self.rate = float(config.rate_bytes_per_s)
-        self.window = config.window
-        self.codec = Codec.parse(config.codec)
-        self.bucket = bucket or TokenBucket(self.rate, config.bucket_bytes)
+        self.bucket = bucket or TokenBucket(config.rate_bytes_per_s, config.bucket_bytes)
         self.chunk = self.bucket.depth  # a write is at most one chunk = bucket depth
         self.max_drops = max_drops
         self.fault = fault
