@@ -36,8 +36,9 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 from ladsd.config import FRAME_OVERHEAD, PROFILES, Profile  # noqa: E402
 from ladsd.engine.params import forced  # noqa: E402
 from ladsd.engine.thread import EngineThread  # noqa: E402
+from ladsd.runtime import engine_for  # noqa: E402
 from ladsd.workloads import controlled  # noqa: E402
-from ladsd.workloads.runner import engine_for, tool_message  # noqa: E402
+from ladsd.workloads.runner import tool_message  # noqa: E402
 from ladsd.workloads.spec import Workload  # noqa: E402
 
 

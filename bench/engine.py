@@ -52,9 +52,9 @@ async def run(model: str, prefill: int, decode: int) -> dict:
             t = time.perf_counter()
             outs = await asyncio.gather(*[eng.complete(p, params) for p in ps])
             wall = time.perf_counter() - t
-            firsts = [o.n for o in outs if o.n is not None]
+            firsts = [o.stamps.n for o in outs if o.stamps.n is not None]
             # decode window: from the last first-allocation to the last completion
-            span = max(o.f for o in outs) - max(firsts)
+            span = max(o.stamps.f for o in outs) - max(firsts)
             res[f"decode_ms_step_b{batch}"] = 1000 * span / (decode - 1)
             res[f"decode_wall_s_b{batch}"] = wall
     return res

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 Clock = Callable[[], float]
 
@@ -33,12 +33,24 @@ class ManualClock:
         return self.t
 
 
-@dataclass
+# Stage name -> (later stamp, earlier stamp): the four stages of spec section 1.
+STAGES: dict[str, tuple[str, str]] = {
+    "sender_wait": ("s", "r"),
+    "queue_transfer": ("c", "s"),
+    "receipt_to_alloc": ("n", "c"),
+    "resumed_inference": ("f", "n"),
+}
+STAMP_NAMES: tuple[str, ...] = ("r", "s", "c", "a", "n", "f")
+
+
+@dataclass(frozen=True)
 class Stamps:
-    """Per-continuation timestamps of spec section 1 (None until they happen).
+    """The six timestamps of one model call (spec section 1); None until they happen.
 
     r: result ready; s: committed; c: completely received; a: registered with
     the engine; n: first allocation with positive new tokens; f: inference done.
+    A cold call (call 0) has no r, s, c. The one type for these stamps: the
+    engine's completion, the runtime's outcome, traces and run records use it.
     """
 
     r: float | None = None
@@ -47,17 +59,18 @@ class Stamps:
     a: float | None = None
     n: float | None = None
     f: float | None = None
-    extra: dict[str, float] = field(default_factory=dict)
 
     def stages(self) -> dict[str, float | None]:
-        """The four stage latencies: s-r, c-s, n-c, f-n."""
+        """The four stage latencies s-r, c-s, n-c, f-n (None where a stamp is missing)."""
+        out: dict[str, float | None] = {}
+        for name, (later, earlier) in STAGES.items():
+            x, y = getattr(self, later), getattr(self, earlier)
+            out[name] = None if x is None or y is None else x - y
+        return out
 
-        def d(x: float | None, y: float | None) -> float | None:
-            return None if x is None or y is None else x - y
+    def shift(self, t0: float) -> Stamps:
+        """Every stamp relative to ``t0``."""
+        return Stamps(**{k: None if v is None else v - t0 for k, v in self.as_dict().items()})
 
-        return {
-            "sender_wait": d(self.s, self.r),
-            "queue_transfer": d(self.c, self.s),
-            "receipt_to_alloc": d(self.n, self.c),
-            "resumed_inference": d(self.f, self.n),
-        }
+    def as_dict(self) -> dict[str, float | None]:
+        return {k: getattr(self, k) for k in STAMP_NAMES}

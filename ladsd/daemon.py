@@ -19,8 +19,8 @@ from aiohttp import web
 
 from ladsd.config import EngineConfig, LeaseConfig
 from ladsd.engine.params import sampling
-from ladsd.records import EngineState
 from ladsd.engine.thread import EngineError, EngineThread
+from ladsd.records import EngineState
 
 _SAMPLING_KEYS = {
     "max_tokens": int,
@@ -152,7 +152,7 @@ class Daemon:
                 "prompt_token_ids": list(res.prompt_token_ids),
                 "finish_reason": res.finish_reason,
                 "num_cached_tokens": res.num_cached_tokens,
-                "timestamps": {"a": res.a, "n": res.n, "f": res.f},
+                "timestamps": {"a": res.stamps.a, "n": res.stamps.n, "f": res.stamps.f},
             }
         )
 

@@ -12,19 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from array import array
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from asyncio import FIRST_COMPLETED
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
 from ladsd import clock
-from ladsd.config import LinkConfig
+from ladsd.clock import Stamps
+from ladsd.config import LinkConfig, Profile
+from ladsd.delivery import make_policy
 from ladsd.delivery.policy import Policy
-from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 from ladsd.engine.thread import Completion, EngineThread
+from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 from ladsd.transport.link import Delivery, Receiver, Rejected, Sender, prepare
+
+log = logging.getLogger("ladsd.runtime")
 
 
 def prefix_digest(token_ids: Sequence[int]) -> str:
@@ -34,26 +41,12 @@ def prefix_digest(token_ids: Sequence[int]) -> str:
 
 @dataclass(frozen=True)
 class CallOutcome:
-    """One model call with every timestamp of spec section 1 (cold: r, s, c None)."""
+    """One model call with every stamp of spec section 1 (cold: r, s, c None)."""
 
     completion: Completion
-    r: float | None = None
-    s: float | None = None
-    c: float | None = None
+    stamps: Stamps
     payload_bytes: int = 0
     frame_bytes: int = 0
-
-    @property
-    def a(self) -> float:
-        return self.completion.a
-
-    @property
-    def n(self) -> float | None:
-        return self.completion.n
-
-    @property
-    def f(self) -> float:
-        return self.completion.f
 
 
 @dataclass
@@ -80,7 +73,12 @@ class Timeline:
 
 
 class Runtime:
-    """Carries tool results from ready to resumed inference for one run."""
+    """Carries tool results from ready to resumed inference for one run.
+
+    Lives on the asyncio side only: it talks to the engine thread through
+    :class:`EngineThread`'s typed facade (``notice``, ``inventory``,
+    ``cancel``, ``submit``, ``finish``) and never runs code there.
+    """
 
     def __init__(self, engine: EngineThread, policy: Policy, link: LinkConfig) -> None:
         self.engine = engine
@@ -90,17 +88,14 @@ class Runtime:
         self.receiver = Receiver(self._register, config=link)
         self.state: EngineState | None = None
         self.timeline = Timeline()
-        self.state_bytes = 0
+        self.state_bytes = 0  # engine states received (loop thread)
+        self.audit: dict[str, float] | None = None
         self._waiting: dict[ContinuationId, _Waiting] = {}
-        self._inventory: SenderInventory | None = None
-        self._inventory_posted = False
-        self._leases = False
         self._batch: list[tuple[Any, asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> Runtime:
         self.engine.on_state = self._on_state
-        self._leases = await self.engine.call(lambda s: hasattr(s, "lease_notice"))
         port = await self.receiver.start(0)
         await self.sender.start(self.link.host, port)
         return self
@@ -115,7 +110,7 @@ class Runtime:
     ) -> CallOutcome:
         """Model call 0: enters the engine directly."""
         comp = await self.engine.complete(list(prompt_ids), params, request_id=cid.key())
-        return CallOutcome(comp)
+        return CallOutcome(comp, comp.stamps)
 
     async def resume(
         self,
@@ -128,7 +123,11 @@ class Runtime:
         workflow_arrival: float,
         expected_prompt_tokens: int | None = None,
     ) -> CallOutcome:
-        """A tool result is ready now: carry it over the link and resume the model."""
+        """A tool result is ready now: carry it over the link and resume the model.
+
+        Fails (never hangs) if the link fails the result's delivery or the
+        engine dies: the result's ticket and the engine stream both raise.
+        """
         r = clock.now()
         digest = prefix_digest(history_ids)
         prep = prepare(
@@ -140,31 +139,37 @@ class Runtime:
             prompt_tokens=expected_prompt_tokens or len(history_ids),
             codec=self.link.codec,
         )
-        loop = asyncio.get_running_loop()
-        self._waiting[cid] = _Waiting(digest, render, params, loop.create_future())
-        if self._leases:
-            notice = HistoryNotice(
-                cid=cid,
-                token_ids=tuple(history_ids),
-                prefix_digest=digest,
-                payload_digest=prep.item.payload_digest,
-                ready_time=r,
-                payload_bytes=prep.item.payload_bytes,
-            )
-            # The lease provider sees the result before the sender does (spec 3.2).
-            await self.engine.call(lambda s: s.lease_notice(notice))
+        registered = asyncio.get_running_loop().create_future()
+        self._waiting[cid] = _Waiting(digest, render, params, registered)
+        notice = HistoryNotice(
+            cid=cid,
+            token_ids=tuple(history_ids),
+            prefix_digest=digest,
+            payload_digest=prep.item.payload_digest,
+            ready_time=r,
+            payload_bytes=prep.item.payload_bytes,
+        )
         try:
+            # The lease provider sees the result before the sender does (spec 3.2).
+            await self.engine.notice(notice)
             ticket = await self._offer(prep)
-            rid, c = await self._waiting[cid].registered
+            # Registration precedes the ack, so a received ticket means registered;
+            # a failed ticket (rejects, drops, policy error) ends the wait with its error.
+            await asyncio.wait({registered, ticket.received}, return_when=FIRST_COMPLETED)
+            if not registered.done():
+                ticket.received.result()  # raises the link's error
+            rid, c = await registered
             comp = await self.engine.result(rid)
         finally:
             self._waiting.pop(cid, None)
+            if not registered.done():
+                registered.cancel()
         self.sender.complete(cid, len(comp.token_ids))
+        # A settled ticket is never resent: only then may the receiver forget the cid.
+        ticket.received.add_done_callback(lambda _: self.receiver.forget(cid))
         return CallOutcome(
             comp,
-            r=r,
-            s=ticket.s,
-            c=c,
+            replace(comp.stamps, r=r, s=ticket.s, c=c),
             payload_bytes=prep.item.payload_bytes,
             frame_bytes=prep.item.frame_bytes,
         )
@@ -184,35 +189,31 @@ class Runtime:
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, []
-        by_codec: dict[Any, list] = {}
-        for prep, fut in batch:
-            by_codec.setdefault(prep.codec, []).append((prep, fut))
 
-        async def go(codec: Any, items: list) -> None:
+        async def go() -> None:
             try:
                 tickets = await self.sender.offer_many(
-                    [(p.item, p.payload) for p, _ in items], codec=codec
+                    [(p.item, p.payload) for p, _ in batch], codec=self.link.codec
                 )
             except Exception as e:
-                for _, fut in items:
+                for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(e)
                 return
-            for (_, fut), t in zip(items, tickets, strict=True):
+            for (_, fut), t in zip(batch, tickets, strict=True):
                 if not fut.done():
                     fut.set_result(t)
 
-        for codec, items in by_codec.items():
-            self._tasks.add(t := asyncio.ensure_future(go(codec, items)))
-            t.add_done_callback(self._tasks.discard)
+        self._tasks.add(t := asyncio.ensure_future(go()))
+        t.add_done_callback(self._tasks.discard)
 
-    async def cancel(self, cid: ContinuationId) -> None:
+    def cancel(self, cid: ContinuationId) -> None:
         self.sender.cancel(cid)
         w = self._waiting.pop(cid, None)
         if w is not None and not w.registered.done():
             w.registered.cancel()
-        if self._leases:
-            await self.engine.call(lambda s: s.lease_cancel(cid))
+        if self.engine.alive:
+            self.engine.cancel(cid)
 
     # ---- receiver side ---------------------------------------------------
     async def _register(self, d: Delivery) -> None:
@@ -235,31 +236,68 @@ class Runtime:
         self.sender.set_state(state)
 
     def _on_inventory(self, inv: SenderInventory) -> None:
-        # Coalesce: the engine thread only ever needs the latest inventory.
-        self._inventory = inv
-        if self._leases and not self._inventory_posted:
-            self._inventory_posted = True
-            self.engine.post(self._push_inventory)
-
-    def _push_inventory(self, sched: Any) -> None:
-        self._inventory_posted = False
-        inv = self._inventory
-        if inv is not None:
-            self.state_bytes += len(orjson.dumps(inv))  # what actually crossed
-            sched.lease_inventory(inv)
+        if self.engine.alive:  # a dead engine has already failed the run
+            self.engine.inventory(inv)  # coalesced on the engine thread
 
     # ---- end of run --------------------------------------------------------
-    async def finish(self) -> dict[str, Any]:
-        """Release every lease, check integrity, and return the lease audit."""
-        if not self._leases:
-            return {"refs_added": 0, "refs_released": 0}
+    async def finish(self) -> dict[str, float]:
+        """Release every lease, check integrity; return the lease audit (once)."""
+        if self.audit is None:
+            self.audit = await self.engine.finish()
+        return self.audit
 
-        def end(s: Any) -> dict[str, Any]:
-            s.lease_release_all()
-            s.check_integrity()
-            return s.lease_audit()
-
-        return await self.engine.call(end)
+    def control_bytes(self) -> int:
+        """Control-record bytes: link acks/nacks, engine states, sender inventories."""
+        link = self.sender.stats().get("control_bytes", 0)
+        return int(link + self.state_bytes + self.engine.inventory_bytes)
 
     def controller_cpu_s(self) -> float:
         return self.sender.decision_s + self.engine.command_cpu_s
+
+
+def engine_for(profile: Profile, policy: str) -> Profile:
+    """The profile a policy runs with: infinite-cache gets a pool nothing outgrows."""
+    if policy != "infinite-cache":
+        return profile
+    w = profile.workload
+    need = sum(w.history_tokens) * w.n_workflows  # generous: every history at the largest
+    blocks = need // profile.engine.resolved_block_size() * 2
+    return replace(profile, engine=replace(profile.engine, num_gpu_blocks_override=blocks))
+
+
+def policy_for(profile: Profile, name: str) -> Policy:
+    """The delivery policy ``name`` with the profile's lease knobs (theta, record age).
+
+    ``infinite-cache`` is FIFO delivery on a pool nothing outgrows (:func:`engine_for`).
+    """
+    base = "fifo" if name == "infinite-cache" else name
+    return make_policy(base, theta=profile.lease.theta, max_age_s=profile.lease.record_max_age_s)
+
+
+@asynccontextmanager
+async def open_runtime(
+    profile: Profile, policy: str, *, link: LinkConfig | None = None
+) -> AsyncIterator[Runtime]:
+    """The one wiring: policy -> lease config -> engine -> runtime -> audit -> close.
+
+    Yields a started :class:`Runtime`. On the way out the lease audit always
+    runs (after a failure too: a dead engine reports the audit it took when it
+    died); an unbalanced audit raises ``LeaseIntegrityError``. The replay
+    runner, capture's link backend and the daemon use this and nothing else.
+    """
+    prof = engine_for(profile, policy)
+    pol = policy_for(prof, policy)
+    lease = replace(prof.lease, enabled=prof.lease.enabled and pol.uses_leases)
+    async with EngineThread(prof.engine, lease) as eng:
+        rt = await Runtime(eng, pol, link or prof.link).start()
+        try:
+            yield rt
+            await rt.finish()
+        except BaseException:
+            try:
+                await rt.finish()
+            except Exception:
+                log.exception("lease audit after a failed run")
+            raise
+        finally:
+            await rt.close()

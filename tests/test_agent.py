@@ -15,13 +15,15 @@ import pytest_asyncio
 
 from ladsd import clock
 from ladsd.agent import actions
-from ladsd.agent.backend import Backend, DirectBackend, Reply
+from ladsd.agent.backend import Backend, DirectBackend
 from ladsd.agent.capture import capture, summarize
 from ladsd.agent.loop import AgentConfig, call_seed, run_workflow
 from ladsd.agent.prompt import ChatML, system_prompt, user_prompt
+from ladsd.clock import Stamps
 from ladsd.config import EngineConfig
-from ladsd.records import ContinuationId
 from ladsd.engine.thread import Completion, EngineThread
+from ladsd.records import ContinuationId
+from ladsd.runtime import CallOutcome
 from ladsd.workloads import trace as tr
 from web_catalog import source
 from web_catalog.build import build
@@ -247,7 +249,7 @@ class Scripted:
         self.prompts: list[list[int]] = []
         self.resumes: list[tuple[ContinuationId, list[int], bytes, float]] = []
 
-    def _reply(self, prompt: list[int]) -> Reply:
+    def _reply(self, prompt: list[int]) -> CallOutcome:
         self.prompts.append(prompt)
         text = self.outputs.pop(0)
         cut = text.endswith("~")  # "~": cut at the token cap
@@ -261,11 +263,9 @@ class Scripted:
             text=text,
             finish_reason="length" if cut else "stop",
             num_cached_tokens=0,
-            a=t,
-            n=t,
-            f=t,
+            stamps=Stamps(a=t, n=t, f=t),
         )
-        return Reply(done, {"s": t})
+        return CallOutcome(done, Stamps(s=t, a=t, n=t, f=t))
 
     async def cold(self, workflow, prompt_ids, params):
         return self._reply(list(prompt_ids))

@@ -41,7 +41,8 @@ async def test_concurrent_generates_finish_with_ordered_stamps(tiny):
     for d in done:
         assert len(d.token_ids) == 6
         assert d.finish_reason == "length"
-        assert d.n is not None and d.a <= d.n <= d.f
+        st = d.stamps
+        assert st.n is not None and st.a <= st.n <= st.f
 
 
 async def test_repeated_prefix_hits_prefix_cache(tiny):
@@ -70,7 +71,7 @@ async def test_abort_ends_stream_and_frees_slots(tiny):
 
 
 async def test_engine_error_surfaces_and_engine_survives(tiny):
-    with pytest.raises(EngineError, match="maximum context length"):
+    with pytest.raises(EngineError, match="longer than the maximum model length"):
         await tiny.complete(ids(4000), sampling(max_tokens=2))
     with pytest.raises(EngineError, match="already in flight"):
         gen = tiny.generate(ids(10), sampling(max_tokens=50), request_id="dup")

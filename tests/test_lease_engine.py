@@ -9,6 +9,7 @@ import pytest
 from ladsd import clock
 from ladsd.config import EngineConfig, LeaseConfig
 from ladsd.engine.params import sampling
+from ladsd.engine.thread import EngineThread
 from ladsd.records import (
     ContinuationId,
     HistoryNotice,
@@ -16,7 +17,6 @@ from ladsd.records import (
     Phase,
     SenderInventory,
 )
-from ladsd.engine.thread import EngineThread
 
 pytestmark = [pytest.mark.engine]
 BLOCK = 32
@@ -41,13 +41,9 @@ async def test_leased_prefix_survives_flood_and_hands_off(model_ready):
         )
         notice = HistoryNotice(cid, tuple(leased), "pd", "yd", now, 500)
 
-        def grant(s):
-            s.lease_inventory(inv)
-            s.lease_notice(notice)
-            s.check_integrity()
-            return s.lease_state()
-
-        state = await eng.call(grant)
+        eng.inventory(inv)
+        await eng.notice(notice)
+        state = await eng.state()  # after the integrity check
         rec = state.lease_for(cid)
         assert rec is not None and len(rec.protected_blocks) == 10
         assert state.U == 10
@@ -55,8 +51,7 @@ async def test_leased_prefix_survives_flood_and_hands_off(model_ready):
         # Flood: distinct prompts that need every unprotected block of the pool.
         for k in range(4):
             await eng.complete(hist(100 + k, 28), sampling(max_tokens=1))
-        resident = await eng.call(lambda s: (s.lease_resident(leased), s.lease_resident(control)))
-        assert resident == (10, 0)
+        assert (await eng.resident(leased), await eng.resident(control)) == (10, 0)
 
         # The leased continuation reuses its protected prefix; the control recomputes.
         cont = await eng.complete(leased + [7] * 40, sampling(max_tokens=2), cid=cid)
@@ -64,12 +59,7 @@ async def test_leased_prefix_survives_flood_and_hands_off(model_ready):
         assert cont.num_cached_tokens >= 10 * BLOCK
         assert ctrl.num_cached_tokens == 0
 
-        def end(s):
-            st = s.lease_state()
-            s.lease_release_all()
-            s.check_integrity()
-            return st, s.lease_audit()
-
-        st, audit = await eng.call(end)
+        st = await eng.state()
+        audit = await eng.finish()
         assert st.counters["handoffs"] == 1 and st.U == 0
         assert audit["refs_added"] == audit["refs_released"] == 10

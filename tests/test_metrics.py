@@ -7,6 +7,7 @@ import dataclasses
 import orjson
 import pytest
 
+from ladsd.clock import Stamps
 from ladsd.metrics import events, plots, summary, table
 from ladsd.metrics.events import (
     CallRecord,
@@ -18,11 +19,11 @@ from ladsd.metrics.events import (
 
 
 def cold(wf: str, a: float, f: float) -> CallRecord:
-    return CallRecord(wf, 0, 0, True, None, None, None, a, a + 0.1, f, 100, 0, 8, 0, 0)
+    return CallRecord(wf, 0, 0, True, Stamps(a=a, n=a + 0.1, f=f), 100, 0, 8, 0, 0)
 
 
 def cont(wf: str, turn: int, r: float, s: float, c: float, n: float, f: float) -> CallRecord:
-    return CallRecord(wf, turn, 0, False, r, s, c, c, n, f, 300, 96, 8, 500, 1528)
+    return CallRecord(wf, turn, 0, False, Stamps(r, s, c, c, n, f), 300, 96, 8, 500, 1528)
 
 
 def run(
@@ -86,7 +87,8 @@ def test_run_summary_figures() -> None:
 
 
 def test_stage_means_skip_missing_stamps_and_cold_calls() -> None:
-    half = dataclasses.replace(cont("w", 1, 0, 1, 2, 3, 4), n=None, f=None)
+    full = cont("w", 1, 0, 1, 2, 3, 4)
+    half = dataclasses.replace(full, stamps=dataclasses.replace(full.stamps, n=None, f=None))
     m = summary.stage_means([cold("w", 0, 1), cont("w", 2, 0, 2, 3, 5, 9), half])
     assert m == {
         "sender_wait": 1.5,

@@ -22,7 +22,8 @@ def check(rec, wl, prof=SMOKE) -> None:
         spec = by_id[f.workflow]
         assert [c.turn for c in f.calls] == list(range(len(spec.calls) + 1))
         for c in f.calls[1:]:
-            assert c.r <= c.s <= c.c <= c.a <= c.n <= c.f
+            st = c.stamps
+            assert st.r <= st.s <= st.c <= st.a <= st.n <= st.f
             assert c.frame_bytes == c.payload_bytes + 1028
         assert f.calls[0].output_tokens == spec.first_output_tokens
         # Forced output length, except where the prompt leaves less room in the
@@ -31,7 +32,7 @@ def check(rec, wl, prof=SMOKE) -> None:
         room = [prof.engine.max_model_len - c.prompt_tokens for c in f.calls[1:]]
         want = [min(c.output_tokens, r) for c, r in zip(spec.calls, room, strict=True)]
         assert [c.output_tokens for c in f.calls[1:]] == want
-        assert f.arrival <= f.calls[0].a and f.calls[-1].f <= f.termination
+        assert f.arrival <= f.calls[0].stamps.a and f.calls[-1].stamps.f <= f.termination
 
 
 @pytest.mark.parametrize("policy", REPLAY_POLICIES)

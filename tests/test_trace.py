@@ -5,11 +5,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from ladsd.clock import Stamps
 from ladsd.workloads import trace as tr
 from ladsd.workloads.trace import (
     Action,
     CallRecord,
-    CallTimes,
     Observation,
     Trace,
     TraceError,
@@ -51,7 +51,7 @@ def workflow(
         cached_tokens=0,
         offered={"open": PIDS, "read_reviews": PIDS},
         action=Action("open", thought="t", product_id=1),
-        times=CallTimes(a=0.0, n=0.01, f=0.5),
+        times=Stamps(a=0.0, n=0.01, f=0.5),
     )
     obs = Observation("open", {"product_id": 1}, True, obs_text, 0.0012)
     c1 = CallRecord(
@@ -65,7 +65,7 @@ def workflow(
         cached_tokens=0,
         offered={"open": PIDS, "read_reviews": PIDS},
         action=Action("invalid", error="the reply is not a complete JSON object"),
-        times=CallTimes(r=0.51, a=0.52, n=0.53, f=0.9),
+        times=Stamps(r=0.51, a=0.52, n=0.53, f=0.9),
     )
     err = Observation(None, {}, False, "Error: your reply was not a valid action.\n", 0.0)
     c2 = CallRecord(
@@ -79,7 +79,7 @@ def workflow(
         cached_tokens=16,
         offered={"open": PIDS, "read_reviews": PIDS, "finish": ()},
         action=Action("finish", thought="done", answer="the bag"),
-        times=CallTimes(r=0.91, s=0.92, c=0.95, a=0.95, n=None, f=1.2),
+        times=Stamps(r=0.91, s=0.92, c=0.95, a=0.95, n=None, f=1.2),
     )
     return WorkflowRecord(name, name, (1, 2, 3), 0.0, 1.25, "finish", "the bag", (c0, c1, c2))
 

@@ -9,34 +9,26 @@ resumes the model with ``render(observation)``: the full continuation prompt,
 ``history_ids`` + the tool-message tokens, a token-exact extension of the
 previous call's prompt + output.
 
-A backend returns a :class:`Reply`: the engine's :class:`Completion` (a, n, f
-stamps) plus the stamps only the backend knows (``r``, ``s``, ``c`` on the
-clock of :mod:`ladsd.clock`). A bare ``Completion`` is accepted too.
+A backend returns the runtime's :class:`~ladsd.runtime.CallOutcome`: the
+engine's :class:`Completion` and the call's :class:`~ladsd.clock.Stamps`
+(a, n, f from the engine; ``r``, ``s``, ``c`` where the backend knows them),
+on the clock of :mod:`ladsd.clock`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any, Protocol, runtime_checkable
 
 from ladsd import clock
 from ladsd.config import EngineConfig
+from ladsd.engine.thread import EngineThread
 from ladsd.records import ContinuationId
-from ladsd.engine.thread import Completion, EngineThread
+from ladsd.runtime import CallOutcome
 
 Render = Callable[[bytes], list[int]]
-
-
-@dataclass(frozen=True)
-class Reply:
-    completion: Completion
-    stamps: Mapping[str, float] = field(default_factory=dict)  # r, s, c (absolute clock)
-
-
-def as_reply(x: Reply | Completion) -> Reply:
-    return x if isinstance(x, Reply) else Reply(x)
 
 
 @runtime_checkable
@@ -46,7 +38,7 @@ class Backend(Protocol):
     tokenizer: Any  # the engine's tokenizer (asyncio side)
     max_model_len: int
 
-    async def cold(self, workflow: str, prompt_ids: list[int], params: Any) -> Reply:
+    async def cold(self, workflow: str, prompt_ids: list[int], params: Any) -> CallOutcome:
         """Model call 0 of ``workflow``, straight into the engine."""
         ...
 
@@ -60,7 +52,7 @@ class Backend(Protocol):
         *,
         workflow_arrival: float,
         tool_seconds: float,
-    ) -> Reply:
+    ) -> CallOutcome:
         """The observation is ready now (``r``): carry it to the engine, then run
         ``render(observation)`` (= history_ids + tool-message ids) with ``params``.
 
@@ -82,9 +74,9 @@ class DirectBackend:
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.cfg.max_model_len
 
-    async def cold(self, workflow: str, prompt_ids: list[int], params: Any) -> Reply:
+    async def cold(self, workflow: str, prompt_ids: list[int], params: Any) -> CallOutcome:
         out = await self.engine.complete(prompt_ids, params, request_id=f"{workflow}/0")
-        return Reply(out)
+        return CallOutcome(out, out.stamps)
 
     async def resume(
         self,
@@ -96,10 +88,10 @@ class DirectBackend:
         *,
         workflow_arrival: float,
         tool_seconds: float,
-    ) -> Reply:
+    ) -> CallOutcome:
         r = clock.now()
         out = await self.engine.complete(render(observation), params, cid=cid, request_id=cid.key())
-        return Reply(out, {"r": r})
+        return CallOutcome(out, replace(out.stamps, r=r))
 
 
 @asynccontextmanager

@@ -6,12 +6,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ladsd.agent.backend import Render, Reply
-from ladsd.config import EngineConfig, LeaseConfig, LinkConfig
-from ladsd.delivery import make_policy
+from ladsd.agent.backend import Render
+from ladsd.config import EngineConfig, LeaseConfig, LinkConfig, Profile, WorkloadConfig
 from ladsd.records import ContinuationId
-from ladsd.engine.thread import EngineThread
-from ladsd.runtime import Runtime
+from ladsd.runtime import CallOutcome, Runtime, open_runtime
 from ladsd.workloads.captured import CAPTURED_CODEC, CAPTURED_RATE
 
 # Capture's return path: the captured-replay link (gzip6 at 48 kbit/s).
@@ -28,9 +26,8 @@ class LinkBackend:
         self.tokenizer = rt.engine.tokenizer
         self.max_model_len = rt.engine.cfg.max_model_len
 
-    async def cold(self, workflow: str, prompt_ids: list[int], params: Any) -> Reply:
-        out = await self.rt.cold(prompt_ids, params, cid=ContinuationId(workflow, 0))
-        return Reply(out.completion)
+    async def cold(self, workflow: str, prompt_ids: list[int], params: Any) -> CallOutcome:
+        return await self.rt.cold(prompt_ids, params, cid=ContinuationId(workflow, 0))
 
     async def resume(
         self,
@@ -42,11 +39,10 @@ class LinkBackend:
         *,
         workflow_arrival: float,
         tool_seconds: float,
-    ) -> Reply:
-        out = await self.rt.resume(
+    ) -> CallOutcome:
+        return await self.rt.resume(
             cid, history_ids, observation, render, params, workflow_arrival=workflow_arrival
         )
-        return Reply(out.completion, {"r": out.r, "s": out.s, "c": out.c})
 
 
 @asynccontextmanager
@@ -56,13 +52,16 @@ async def link_backend(
     link: LinkConfig = CAPTURE_LINK,
     lease: LeaseConfig | None = None,
 ) -> AsyncIterator[LinkBackend]:
-    """Engine + runtime + link; yields a :class:`LinkBackend`; checks the lease audit."""
-    pol = make_policy(policy)
-    lease = lease or LeaseConfig(enabled=pol.uses_leases)
-    async with EngineThread(cfg or EngineConfig(), lease) as eng:
-        rt = await Runtime(eng, pol, link).start()
-        try:
-            yield LinkBackend(rt, policy)
-            await rt.finish()  # raises LeaseIntegrityError unless the audit balances
-        finally:
-            await rt.close()
+    """Engine + runtime + link (:func:`open_runtime`); yields a :class:`LinkBackend`.
+
+    The lease audit runs on the way out; an unbalanced audit raises.
+    """
+    prof = Profile(
+        name="capture",
+        engine=cfg or EngineConfig(),
+        link=link,
+        lease=lease or LeaseConfig(),
+        workload=WorkloadConfig(),
+    )
+    async with open_runtime(prof, policy) as rt:
+        yield LinkBackend(rt, policy)

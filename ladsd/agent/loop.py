@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ladsd import clock
 from ladsd.agent import actions
-from ladsd.agent.backend import Backend, as_reply
+from ladsd.agent.backend import Backend
 from ladsd.agent.prompt import ChatML, system_prompt, user_prompt
 from ladsd.engine.params import sampling
 from ladsd.records import ContinuationId
 from ladsd.workloads.trace import (
     Action,
     CallRecord,
-    CallTimes,
     Observation,
     WorkflowRecord,
 )
@@ -99,9 +98,6 @@ async def run_workflow(
     arrival = clock.now()
     origin = arrival if origin is None else origin
 
-    def rel(t: float | None) -> float | None:
-        return None if t is None else t - origin
-
     pids = task.product_ids
     opened: set[int] = set()
     read: set[int] = set()
@@ -119,18 +115,16 @@ async def run_workflow(
         params = step_params(cfg, offered, cseed)
         try:
             if obs is None:
-                reply = as_reply(await backend.cold(wf, prompt, params))
+                reply = await backend.cold(wf, prompt, params)
             else:
-                reply = as_reply(
-                    await backend.resume(
-                        ContinuationId(wf, turn),
-                        history,
-                        obs.payload,
-                        render,
-                        params,
-                        workflow_arrival=arrival,
-                        tool_seconds=obs.tool_seconds,
-                    )
+                reply = await backend.resume(
+                    ContinuationId(wf, turn),
+                    history,
+                    obs.payload,
+                    render,
+                    params,
+                    workflow_arrival=arrival,
+                    tool_seconds=obs.tool_seconds,
                 )
             out = reply.completion
             sent = tuple(out.prompt_token_ids)
@@ -140,15 +134,8 @@ async def run_workflow(
             termination, error = "error", f"{type(e).__name__}: {e}"
             break
         action = actions.parse_action(out.text, offered)
-        st = reply.stamps
-        times = CallTimes(
-            r=rel(st.get("r", r)),
-            s=rel(st.get("s")),
-            c=rel(st.get("c")),
-            a=rel(out.a),
-            n=rel(out.n),
-            f=rel(out.f),
-        )
+        st = reply.stamps if reply.stamps.r is not None else replace(reply.stamps, r=r)
+        times = st.shift(origin)
         call = CallRecord(
             turn=turn,
             depends_on=None if turn == 0 else turn - 1,

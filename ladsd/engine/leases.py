@@ -37,9 +37,9 @@ from ladsd.engine.lease_pool import (
     check_pool,
     native_refs,
 )
-from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 from ladsd.engine.resident import resident_prefix
 from ladsd.engine.stamps import StampMixin
+from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 
 __all__ = [
     "AsyncLeaseScheduler",

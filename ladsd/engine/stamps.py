@@ -2,7 +2,9 @@
 
 vLLM reports when a request finished but not when its work was first
 allocated; the spec's receipt-to-allocation stage needs that moment, so the
-scheduler records it right after ``schedule()`` succeeds.
+scheduler records it right after ``schedule()`` succeeds. The engine thread
+takes each stamp when its request finishes or is aborted, so the table holds
+only requests in flight.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from ladsd import clock
 class StampMixin:
     """Records ``first_alloc[req_id] = clock.now()`` on the first positive schedule."""
 
-    first_alloc: dict[str, float]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.first_alloc: dict[str, float] = {}
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
-        if not hasattr(self, "first_alloc"):
-            self.first_alloc = {}
         t = clock.now()
         for req_id, n in out.num_scheduled_tokens.items():
             if n > 0 and req_id not in self.first_alloc:
@@ -28,5 +30,5 @@ class StampMixin:
         return out
 
     def pop_first_alloc(self, req_id: str) -> float | None:
-        """Take the stamp of a finished request (keeps the dict bounded)."""
-        return getattr(self, "first_alloc", {}).pop(req_id, None)
+        """Take the stamp of a finished or aborted request (keeps the table bounded)."""
+        return self.first_alloc.pop(req_id, None)

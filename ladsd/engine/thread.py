@@ -1,11 +1,24 @@
 """EngineThread: vLLM's EngineCore in-process, stepped on one dedicated thread.
 
 vLLM 0.32's ``AsyncLLM`` always spawns its engine core in a child process, so
-ladsd builds ``LLMEngine`` with multiprocessing off and steps it here. This
-thread is the only code that touches vLLM state: the asyncio side sends
-commands through a thread-safe queue (drained between steps) and gets outputs
-back with ``call_soon_threadsafe``. Step = drain commands -> step engine ->
-dispatch outputs -> lease tick -> publish state.
+ladsd builds ``LLMEngine`` with multiprocessing off and steps it here.
+
+Contract:
+
+* This thread is the only code that touches vLLM state. The asyncio side
+  crosses the boundary only with the typed commands of
+  :mod:`ladsd.engine.commands`, handled in one place (:meth:`_dispatch`);
+  replies come back on futures, request outputs on per-request streams, engine
+  state through ``on_state`` (all via ``call_soon_threadsafe``).
+* Step = drain commands -> step engine -> deliver outputs -> lease tick ->
+  publish state.
+* Fail fast: a failed step, a failed lease tick or any other error of this
+  thread declares the engine dead (as vLLM itself does on a failed step: a
+  step that raised may have registered block hashes for KV it never computed,
+  so the prefix cache can no longer be trusted). On death the thread fails
+  every request in flight and every queued command with :class:`EngineDead`,
+  releases every lease and keeps the final lease audit (:meth:`finish` still
+  returns it), and stops. Every later call raises :class:`EngineDead` at once.
 """
 
 from __future__ import annotations
@@ -19,28 +32,31 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from ladsd import clock
+from ladsd.clock import Stamps
 from ladsd.config import EngineConfig, LeaseConfig, has_cuda
+from ladsd.engine import commands as cmd
 from ladsd.engine import models
-from ladsd.records import ContinuationId, EngineState
-
-# Must be set before vLLM builds its engine: keeps EngineCore in this process.
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 
 log = logging.getLogger("ladsd.engine")
-T = TypeVar("T")
 Prompt = str | Sequence[int] | Sequence[dict]
+_MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 class EngineError(RuntimeError):
     """The engine rejected a request or failed while running it."""
 
 
+class EngineDead(EngineError):
+    """The engine thread stopped after an error; it refuses all work."""
+
+
 @dataclass(frozen=True)
 class Completion:
-    """A finished generation with the spec's engine-side timestamps."""
+    """A finished generation with the engine-side stamps a, n, f."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -48,13 +64,11 @@ class Completion:
     text: str
     finish_reason: str | None
     num_cached_tokens: int
-    a: float  # registration with the engine
-    n: float | None  # first step with positive new-token work
-    f: float  # completion
+    stamps: Stamps
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class PoolSnapshot:
     free_blocks: int
     total_blocks: int
     waiting: int
@@ -67,17 +81,33 @@ class Snapshot:
         return dict(self.__dict__)
 
 
-@dataclass
-class _Live:
-    """Book-keeping of one in-flight request (engine thread writes, loop reads)."""
+@dataclass(frozen=True)
+class _Done:
+    """The last item of a request's stream: its final output and its stamps."""
 
-    out: asyncio.Queue
+    out: Any  # vllm RequestOutput
+    stamps: Stamps
+
+
+@dataclass
+class _Req:
+    """Engine-thread book-keeping of one registered request."""
+
+    internal_id: str
     a: float
-    internal_id: str | None = None
-    n: float | None = None
 
 
 _END = object()
+
+
+def _in_process() -> None:
+    """Keep EngineCore in this process (ladsd steps it); override a user's setting loudly."""
+    v = os.environ.get(_MP_ENV)
+    if v not in (None, "0"):
+        log.warning(
+            "%s=%s is not supported by ladsd (the engine runs in-process): using 0", _MP_ENV, v
+        )
+    os.environ[_MP_ENV] = "0"
 
 
 class EngineThread:
@@ -96,17 +126,21 @@ class EngineThread:
         self.kappa = self.lease.kappa_s or 0.0
         self._measure_kappa = measure_kappa and self.lease.kappa_s is None
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
-        self._live: dict[str, _Live] = {}
+        self._lock = threading.Lock()  # orders puts against death (no orphaned command)
+        self._error: EngineDead | None = None
+        self._streams: dict[str, asyncio.Queue] = {}  # loop thread only
+        self._reqs: dict[str, _Req] = {}  # engine thread only
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._stop = False
         self._engine: Any = None
+        self._sched: Any = None  # the LeaseScheduler (LeaseMixin) of the engine core
+        self.final_audit: dict[str, float] | None = None
         self.tokenizer: Any = None
         self.startup_s = 0.0
         self.steps = 0
-        self.step_errors = 0
         self.command_cpu_s = 0.0  # engine-thread CPU in lease commands and ticks
+        self.inventory_bytes = 0  # inventories that crossed (after coalescing)
         self._cpu = not has_cuda()
 
     # ---- lifecycle -------------------------------------------------------
@@ -125,8 +159,9 @@ class EngineThread:
     async def stop(self) -> None:
         if self._thread is None:
             return
-        self._stop = True
-        self._cmds.put(None)
+        with self._lock:
+            if self._error is None:
+                self._cmds.put((cmd.Stop(), None))
         await asyncio.to_thread(self._thread.join)
         self._thread = None
 
@@ -138,20 +173,14 @@ class EngineThread:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._error is None and self._thread is not None and self._thread.is_alive()
+
+    @property
+    def error(self) -> EngineDead | None:
+        """Why the engine died (None while it is alive or stopped cleanly)."""
+        return self._error
 
     # ---- asyncio facade ----------------------------------------------------
-    async def call(self, fn: Callable[[Any], T]) -> T:
-        """Run ``fn(scheduler)`` on the engine thread between steps; return its result."""
-        assert self._loop is not None, "engine not started"
-        fut: asyncio.Future = self._loop.create_future()
-        self._cmds.put((fn, fut))
-        return await fut
-
-    def post(self, fn: Callable[[Any], object]) -> None:
-        """Fire-and-forget ``fn(scheduler)`` on the engine thread (errors are logged)."""
-        self._cmds.put((fn, None))
-
     def tokens(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: ids as given, text encoded, chat messages templated."""
         if isinstance(prompt, str):
@@ -180,48 +209,39 @@ class EngineThread:
         Consume the outputs with :meth:`stream` or :meth:`result`.
         """
         rid = request_id or f"req-{next(self._ids)}"
-        if rid in self._live:
+        if rid in self._streams:
             raise EngineError(f"request id {rid!r} is already in flight")
         if getattr(params, "seed", None) is not None and self._cpu:
             # vLLM 0.32's CPU runner fails the whole step when a seeded request's
             # prompt spans steps (CPU generators have no offset): refuse it here.
             raise EngineError("per-request seeds are not supported by vLLM 0.32 on CPU")
-        ids = self.tokens(prompt)
-        self._live[rid] = _Live(out=asyncio.Queue(), a=clock.now())
-        self._cmds.put((_AddRequest(rid, ids, params, cid), None))
+        ids = tuple(self.tokens(prompt))
+        self._streams[rid] = asyncio.Queue()
+        try:
+            self._put(cmd.Submit(rid, ids, params, clock.now(), cid))
+        except EngineDead:
+            self._streams.pop(rid, None)
+            raise
         return rid
 
     async def stream(self, rid: str) -> AsyncIterator[Any]:
         """Cumulative vLLM ``RequestOutput`` s of a submitted request.
 
         Raises :class:`EngineError` if the engine rejects the request or fails
-        while running it; the engine thread itself keeps running. Leaving the
-        stream early aborts the request.
+        while running it. Leaving the stream early aborts the request.
         """
-        live = self._live.get(rid)
-        if live is None:
-            raise EngineError(f"unknown request id {rid!r}")
-        try:
-            while True:
-                item = await live.out.get()
-                if item is _END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            if self._live.pop(rid, None) is not None and self.alive:
-                self._cmds.put((_Abort(rid), None))
+        async for item in self._items(rid):
+            yield item.out if isinstance(item, _Done) else item
 
     async def result(self, rid: str) -> Completion:
-        """Wait for a submitted request to finish; return it with its timestamps."""
-        last = None
-        async for out in self.stream(rid):
-            last = out
-        if last is None or not last.finished:
+        """Wait for a submitted request to finish; return it with its stamps."""
+        done: _Done | None = None
+        async for item in self._items(rid):
+            if isinstance(item, _Done):
+                done = item
+        if done is None:
             raise EngineError(f"request {rid} ended without a result (aborted)")
-        a, n, f = last._ladsd_stamps
-        comp = last.outputs[0]
+        last, comp = done.out, done.out.outputs[0]
         return Completion(
             request_id=rid,
             prompt_token_ids=tuple(last.prompt_token_ids or ()),
@@ -229,9 +249,7 @@ class EngineThread:
             text=comp.text,
             finish_reason=comp.finish_reason,
             num_cached_tokens=int(last.num_cached_tokens or 0),
-            a=a,
-            n=n,
-            f=f,
+            stamps=done.stamps,
         )
 
     async def generate(self, prompt: Prompt, params: Any, **kw: Any) -> AsyncIterator[Any]:
@@ -245,13 +263,76 @@ class EngineThread:
         return await self.result(self.submit(prompt, params, **kw))
 
     async def abort(self, request_id: str) -> None:
-        live = self._live.pop(request_id, None)
-        if live is not None:
-            self._cmds.put((_Abort(request_id), None))
-            live.out.put_nowait(_END)
+        q = self._streams.pop(request_id, None)
+        if q is not None:
+            q.put_nowait(_END)
+            if self._error is None:
+                self._put(cmd.Abort(request_id))
 
-    async def snapshot(self) -> Snapshot:
-        return await self.call(self._snapshot)
+    async def notice(self, n: HistoryNotice) -> None:
+        """A result is ready: returns once the lease provider has seen its history."""
+        await self._ask(cmd.Notice(n))
+
+    def inventory(self, inv: SenderInventory) -> None:
+        self._put(cmd.Inventory(inv))
+
+    def cancel(self, cid: ContinuationId) -> None:
+        self._put(cmd.Cancel(cid))
+
+    async def snapshot(self) -> PoolSnapshot:
+        return await self._ask(cmd.Snapshot())
+
+    async def state(self) -> EngineState:
+        """A fresh lease state after the integrity check."""
+        return await self._ask(cmd.State())
+
+    async def resident(self, token_ids: Sequence[int]) -> int:
+        return await self._ask(cmd.Resident(tuple(token_ids)))
+
+    async def finish(self) -> dict[str, float]:
+        """Release every lease, check integrity, return the audit (also after death)."""
+        if self._error is not None:
+            if self.final_audit is None:
+                raise self._error
+            return self.final_audit
+        return await self._ask(cmd.Finish())
+
+    def _put(self, command: cmd.Command, fut: asyncio.Future | None = None) -> None:
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            if self._thread is None:
+                raise EngineError("engine not started")
+            self._cmds.put((command, fut))
+
+    async def _ask(self, command: cmd.Command) -> Any:
+        assert self._loop is not None, "engine not started"
+        fut: asyncio.Future = self._loop.create_future()
+        self._put(command, fut)
+        return await fut
+
+    async def _items(self, rid: str) -> AsyncIterator[Any]:
+        q = self._streams.get(rid)
+        if q is None:
+            raise EngineError(f"unknown request id {rid!r}")
+        try:
+            while True:
+                item = await q.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, _Done):
+                    return
+        finally:
+            if self._streams.pop(rid, None) is not None and self._error is None:
+                self._put(cmd.Abort(rid))
+
+    def _deliver(self, rid: str, item: object) -> None:  # loop thread
+        q = self._streams.get(rid)
+        if q is not None:
+            q.put_nowait(item)
 
     # ---- engine thread -----------------------------------------------------
     def _main(self, ready: asyncio.Future) -> None:
@@ -263,16 +344,25 @@ class EngineThread:
         self._resolve(ready, True)
         try:
             self._serve()
+        except BaseException as e:
+            log.exception("engine thread failed")
+            self._die(e)
         finally:
-            self._fail_all(EngineError("engine stopped"))
+            if self._error is None:  # clean stop: fail what is still queued or running
+                self._fail_reqs(EngineError("engine stopped"))
+                self._fail_queued(EngineError("engine stopped"))
             try:
                 self._engine.engine_core.shutdown()
             except Exception:  # already down
                 pass
 
     def _build(self) -> None:
+        _in_process()
         from vllm import EngineArgs
+        from vllm.v1.engine.core_client import InprocClient
         from vllm.v1.engine.llm_engine import LLMEngine
+
+        from ladsd.engine.leases import AsyncLeaseScheduler, LeaseScheduler
 
         cfg = self.cfg
         prof = models.PROFILES.get(cfg.model)
@@ -280,9 +370,6 @@ class EngineThread:
             raise models.ModelError(f"unknown model profile {cfg.model!r}")
         path = models.model_path(cfg.model)
         cpu = self._cpu
-        sched_cls = cfg.scheduler_cls
-        if cfg.async_scheduling and sched_cls.endswith(".LeaseScheduler"):
-            sched_cls = sched_cls[: -len("LeaseScheduler")] + "AsyncLeaseScheduler"
         args = EngineArgs(
             model=str(path),
             tokenizer=str(path),
@@ -294,7 +381,7 @@ class EngineThread:
             enable_prefix_caching=cfg.enable_prefix_caching,
             enforce_eager=cpu if cfg.enforce_eager is None else cfg.enforce_eager,
             num_gpu_blocks_override=cfg.num_gpu_blocks_override,
-            scheduler_cls=sched_cls,
+            scheduler_cls=AsyncLeaseScheduler if cfg.async_scheduling else LeaseScheduler,
             async_scheduling=cfg.async_scheduling,
             seed=cfg.seed,
             dtype=cfg.dtype,
@@ -305,6 +392,10 @@ class EngineThread:
             structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
         )
         self._engine = LLMEngine.from_engine_args(args)
+        client = self._engine.engine_core
+        if not isinstance(client, InprocClient):  # a child process: ladsd cannot step it
+            raise EngineError(f"vLLM started its engine core in another process; set {_MP_ENV}=0")
+        self._sched = client.engine_core.scheduler
         from transformers import AutoTokenizer
 
         # A separate tokenizer for the asyncio side: fast tokenizers are not
@@ -312,13 +403,7 @@ class EngineThread:
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         if self._measure_kappa:
             self.kappa = self._kappa()
-        setup = getattr(self._sched, "lease_setup", None)
-        if setup is not None:
-            setup(self.lease, self.kappa, clock.now)
-
-    @property
-    def _sched(self) -> Any:
-        return self._engine.engine_core.engine_core.scheduler
+        self._sched.lease_setup(self.lease, self.kappa, clock.now)
 
     def _kappa(self) -> float:
         """Wall time of one 512-token prefill step, measured once and frozen.
@@ -327,13 +412,14 @@ class EngineThread:
         warm-up request runs first and the second, distinct prompt is timed.
         """
         from vllm import SamplingParams
+        from vllm.inputs.engine import tokens_input
 
         n = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len - 1)
         dt = 0.0
         for salt in (1, 2):
             ids = [(7919 * i + 104729 * salt) % 30000 + 100 for i in range(n)]
             params = SamplingParams(max_tokens=1)
-            self._engine.add_request(f"ladsd-kappa-{salt}", {"prompt_token_ids": ids}, params)
+            self._engine.add_request(f"ladsd-kappa-{salt}", tokens_input(ids), params)
             t0 = time.perf_counter()
             self._engine.step()
             dt = time.perf_counter() - t0
@@ -345,117 +431,173 @@ class EngineThread:
     def _serve(self) -> None:
         tick = self.lease.tick_s
         next_tick = clock.now() + tick
-        while not self._stop:
+        while True:
             busy = self._engine.has_unfinished_requests()
             wait = 0.0 if busy else max(0.0, next_tick - clock.now())
-            changed = self._drain(wait)
-            if self._stop:
-                break
+            stop, changed = self._drain(wait)
+            if stop:
+                return
             if self._engine.has_unfinished_requests():
                 self._step()
                 changed = True
             if clock.now() >= next_tick:
-                fn = getattr(self._sched, "lease_tick", None)
-                if fn is not None:
-                    t0 = time.thread_time()
-                    fn()
-                    self.command_cpu_s += time.thread_time() - t0
+                self._dispatch(cmd.Tick())
                 next_tick = clock.now() + tick
                 changed = True
             if changed:
                 self._publish()
 
-    def _drain(self, wait: float) -> bool:
+    def _drain(self, wait: float) -> tuple[bool, bool]:
+        """Run every queued command; return (stop, anything ran)."""
         try:
-            item = self._cmds.get(timeout=wait) if wait > 0 else self._cmds.get_nowait()
+            first = self._cmds.get(timeout=wait) if wait > 0 else self._cmds.get_nowait()
         except queue.Empty:
-            return False
+            return False, False
+        batch = [first]
         while True:
-            if item is None:
-                return True
-            fn, fut = item
-            t0 = time.thread_time()
             try:
-                res = fn(self) if isinstance(fn, _Cmd) else fn(self._sched)
-                if fut is not None:
-                    self._resolve(fut, res)
-            except Exception as e:
-                if fut is not None:
-                    self._resolve(fut, e)
-                else:
-                    log.exception("engine command failed")
-            if not isinstance(fn, _Cmd):
-                self.command_cpu_s += time.thread_time() - t0
-            try:
-                item = self._cmds.get_nowait()
+                batch.append(self._cmds.get_nowait())
             except queue.Empty:
-                return True
+                break
+        for command, fut in _coalesce(batch):
+            if isinstance(command, cmd.Stop):
+                return True, True
+            try:
+                res = self._dispatch(command)
+            except Exception as e:
+                if fut is None:  # nobody to tell: fatal (see the contract)
+                    raise
+                self._resolve(fut, e)  # e.g. an audit mismatch: the caller's error
+                continue
+            if fut is not None:
+                self._resolve(fut, res)
+        return False, True
+
+    def _dispatch(self, c: cmd.Command) -> Any:
+        """The one place that acts on a command (engine thread)."""
+        s = self._sched
+        t0 = time.thread_time()
+        match c:
+            case cmd.Submit():
+                return self._add(c)
+            case cmd.Abort(rid):
+                return self._abort(rid)
+            case cmd.Notice(notice):
+                s.lease_notice(notice)
+            case cmd.Inventory(inv):
+                self.inventory_bytes += inv_bytes(inv)
+                s.lease_inventory(inv)
+            case cmd.Cancel(cid):
+                s.lease_cancel(cid)
+            case cmd.Tick():
+                s.lease_tick()
+            case cmd.Snapshot():
+                return self._pool()
+            case cmd.State():
+                s.check_integrity()
+                return s.lease_state()
+            case cmd.Resident(ids):
+                return s.lease_resident(list(ids))
+            case cmd.Finish():
+                s.lease_release_all()
+                s.check_integrity()
+                return s.lease_audit()
+            case _:
+                raise TypeError(f"not an engine command: {c!r}")
+        self.command_cpu_s += time.thread_time() - t0
+        return None
+
+    def _add(self, c: cmd.Submit) -> None:
+        from vllm.inputs.engine import tokens_input
+
+        try:
+            internal = self._engine.add_request(c.rid, tokens_input(list(c.ids)), c.params)
+        except Exception as e:
+            self._emit(c.rid, EngineError(f"request {c.rid} rejected: {e}"))
+            return
+        self._reqs[c.rid] = _Req(internal, c.a)
+        if c.cid is not None:
+            self._sched.lease_bind(c.cid, internal)
+
+    def _abort(self, rid: str) -> None:
+        req = self._reqs.pop(rid, None)
+        if req is None:  # finished, or rejected at registration
+            return
+        self._engine.abort_request([rid])
+        self._sched.pop_first_alloc(req.internal_id)
 
     def _step(self) -> None:
         try:
             outs = self._engine.step()
         except Exception as e:
-            # A failed step fails the requests in flight, not the engine thread.
-            self.step_errors += 1
-            log.exception("engine step failed")
-            self._fail_all(EngineError(f"engine step failed: {e!r}"), abort=True)
-            return
+            raise EngineDead(f"engine step failed: {e!r}") from e
         self.steps += 1
         t = clock.now()
         for out in outs:
-            live = self._live.get(out.request_id)
-            if live is None:
+            req = self._reqs.get(out.request_id)
+            if req is None:
                 continue
             if out.finished:
-                n = self._first_alloc(live)
-                out._ladsd_stamps = (live.a, n, t)
-                self._emit(live, out)
-                self._emit(live, _END)
+                del self._reqs[out.request_id]
+                n = self._sched.pop_first_alloc(req.internal_id)
+                self._emit(out.request_id, _Done(out, Stamps(a=req.a, n=n, f=t)))
             else:
-                self._emit(live, out)
+                self._emit(out.request_id, out)
 
-    def _first_alloc(self, live: _Live) -> float | None:
-        pop = getattr(self._sched, "pop_first_alloc", None)
-        if pop is None or live.internal_id is None:
-            return None
-        return pop(live.internal_id)
+    def _die(self, err: BaseException) -> None:
+        """Declare the engine dead: fail everything, release leases, keep the audit."""
+        dead = err if isinstance(err, EngineDead) else EngineDead(f"engine failed: {err!r}")
+        with self._lock:
+            self._error = dead
+        self._fail_reqs(dead)
+        self._fail_queued(dead)
+        try:
+            self._sched.lease_release_all()
+            self.final_audit = self._sched.lease_audit()
+        except Exception:
+            log.exception("lease release after engine failure")
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._fail_streams, dead)
 
-    def _fail_all(self, err: Exception, abort: bool = False) -> None:
-        for live in list(self._live.values()):
-            if abort and live.internal_id is not None:
-                try:
-                    self._engine.abort_request([live.internal_id], internal=True)
-                except Exception:
-                    log.exception("abort after failed step")
-            self._emit(live, err)
+    def _fail_reqs(self, err: EngineError) -> None:
+        for rid in list(self._reqs):
+            self._emit(rid, err)
+        self._reqs.clear()
+
+    def _fail_queued(self, err: EngineError) -> None:
+        while True:
+            try:
+                command, fut = self._cmds.get_nowait()
+            except queue.Empty:
+                return
+            if fut is not None:
+                self._resolve(fut, err)
+            elif isinstance(command, cmd.Submit):
+                self._emit(command.rid, err)
+
+    def _fail_streams(self, err: EngineError) -> None:  # loop thread
+        for q in self._streams.values():
+            q.put_nowait(err)
 
     def _publish(self) -> None:
-        if self.on_state is None:
-            return
-        fn = getattr(self._sched, "lease_state", None)
-        if fn is None:
-            return
-        try:
-            state = fn()
-        except Exception:
-            log.exception("lease_state failed")
-            return
-        self._loop.call_soon_threadsafe(self.on_state, state)
+        if self.on_state is not None:
+            self._loop.call_soon_threadsafe(self.on_state, self._sched.lease_state())
 
-    def _snapshot(self, sched: Any) -> Snapshot:
-        pool = sched.kv_cache_manager.block_pool
-        return Snapshot(
+    def _pool(self) -> PoolSnapshot:
+        s = self._sched
+        pool = s.kv_cache_manager.block_pool
+        return PoolSnapshot(
             free_blocks=pool.get_num_free_blocks(),
             total_blocks=pool.num_gpu_blocks,
-            waiting=len(sched.waiting),
-            running=len(sched.running),
-            max_num_seqs=sched.max_num_running_reqs,
+            waiting=len(s.waiting),
+            running=len(s.running),
+            max_num_seqs=s.max_num_running_reqs,
             block_size=self.cfg.resolved_block_size(),
             kappa=self.kappa,
         )
 
-    def _emit(self, live: _Live, item: object) -> None:
-        self._loop.call_soon_threadsafe(live.out.put_nowait, item)
+    def _emit(self, rid: str, item: object) -> None:
+        self._loop.call_soon_threadsafe(self._deliver, rid, item)
 
     def _resolve(self, fut: asyncio.Future, value: object) -> None:
         def set_() -> None:
@@ -469,42 +611,28 @@ class EngineThread:
         self._loop.call_soon_threadsafe(set_)
 
 
-class _Cmd:
-    """A command that needs the EngineThread itself (not just the scheduler)."""
+def inv_bytes(inv: SenderInventory) -> int:
+    """Bytes of an inventory as a control record (what crosses to the engine)."""
+    import orjson
 
-    def __call__(self, eng: EngineThread) -> object:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-
-@dataclass
-class _AddRequest(_Cmd):
-    rid: str
-    ids: list[int]
-    params: Any
-    cid: ContinuationId | None
-
-    def __call__(self, eng: EngineThread) -> object:
-        live = eng._live.get(self.rid)
-        if live is None:  # cancelled before it reached the engine
-            return None
-        try:
-            internal = eng._engine.add_request(
-                self.rid, {"prompt_token_ids": self.ids}, self.params
-            )
-        except Exception as e:
-            eng._emit(live, EngineError(f"request {self.rid} rejected: {e}"))
-            return None
-        live.internal_id = internal
-        bind = getattr(eng._sched, "lease_bind", None)
-        if self.cid is not None and bind is not None:
-            bind(self.cid, internal)
-        return None
+    return len(orjson.dumps(inv))
 
 
-@dataclass
-class _Abort(_Cmd):
-    rid: str
+def _coalesce(batch: list[tuple[cmd.Command, Any]]) -> list[tuple[cmd.Command, Any]]:
+    """Only the newest inventory of a drained batch crosses, at the first one's place."""
+    invs = [i for i, (c, _) in enumerate(batch) if isinstance(c, cmd.Inventory)]
+    if len(invs) < 2:
+        return batch
+    out = list(batch)
+    out[invs[0]] = batch[invs[-1]]
+    drop = set(invs[1:])
+    return [x for i, x in enumerate(out) if i not in drop]
 
-    def __call__(self, eng: EngineThread) -> object:
-        eng._engine.abort_request([self.rid])
-        return None
+
+__all__ = [
+    "Completion",
+    "EngineDead",
+    "EngineError",
+    "EngineThread",
+    "PoolSnapshot",
+]

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 import orjson
 
+from ladsd.clock import STAMP_NAMES, Stamps
 from ladsd.records import LEASE_COUNTERS
 
 FORMAT = 1  # bump on any incompatible change of the file layout
@@ -65,12 +66,7 @@ class CallRecord:
     turn: int
     version: int
     is_cold: bool
-    r: float | None  # result ready
-    s: float | None  # frame committed
-    c: float | None  # frame completely received
-    a: float | None  # registered with the engine
-    n: float | None  # first allocation with positive new-token work
-    f: float | None  # inference completed
+    stamps: Stamps  # r, s, c, a, n, f (written flat in the file: one key per stamp)
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
@@ -118,7 +114,11 @@ def new_counters() -> dict[str, float]:
 
 
 def to_dict(run: RunRecord) -> dict[str, Any]:
-    return {"format": FORMAT, **asdict(run)}
+    d = {"format": FORMAT, **asdict(run)}
+    for w in d["workflows"]:
+        for c in w["calls"]:
+            c.update(c.pop("stamps"))  # the file keeps one key per stamp
+    return d
 
 
 def to_json(run: RunRecord) -> bytes:
@@ -183,16 +183,14 @@ def from_dict(d: Any) -> RunRecord:
 
 
 def _call(c: dict[str, Any]) -> CallRecord:
-    kw = {k: c[k] for k in _CALL_FIELDS}
-    for k in _STAMPS:
-        if kw[k] is not None:
-            kw[k] = float(kw[k])
-    return CallRecord(**kw)
+    kw = {k: c[k] for k in _CALL_FIELDS if k not in _STAMPS}
+    stamps = Stamps(**{k: None if c[k] is None else float(c[k]) for k in _STAMPS})
+    return CallRecord(**kw, stamps=stamps)
 
 
 # ---------------------------------------------------------------- validation
 
-_STAMPS = ("r", "s", "c", "a", "n", "f")
+_STAMPS = STAMP_NAMES
 _CALL_INTS = (
     "turn",
     "version",

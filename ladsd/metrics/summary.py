@@ -18,15 +18,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ladsd.clock import STAGES
 from ladsd.metrics.events import POLICIES, CallRecord, LeaseSample, RunRecord
-
-# Stage name -> (later stamp, earlier stamp); names match ladsd.clock.Stamps.stages().
-STAGES: dict[str, tuple[str, str]] = {
-    "sender_wait": ("s", "r"),
-    "queue_transfer": ("c", "s"),
-    "receipt_to_alloc": ("n", "c"),
-    "resumed_inference": ("f", "n"),
-}
 
 
 class AuditError(RuntimeError):
@@ -84,13 +77,9 @@ def continuations(run: RunRecord) -> list[CallRecord]:
 def stage_means(calls: Iterable[CallRecord]) -> dict[str, float | None]:
     """Mean of each stage over the non-cold calls that have both of its stamps (None: none)."""
     out: dict[str, float | None] = {}
-    cont = [c for c in calls if not c.is_cold]
-    for name, (hi, lo) in STAGES.items():
-        d = [
-            getattr(c, hi) - getattr(c, lo)
-            for c in cont
-            if getattr(c, hi) is not None and getattr(c, lo) is not None
-        ]
+    stages = [c.stamps.stages() for c in calls if not c.is_cold]
+    for name in STAGES:
+        d = [x for st in stages if (x := st[name]) is not None]
         out[name] = math.fsum(d) / len(d) if d else None
     return out
 

@@ -11,16 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any
 
 from ladsd import clock
 from ladsd.config import Profile
-from ladsd.delivery import make_policy
 from ladsd.engine.params import forced
-from ladsd.records import ContinuationId
-from ladsd.engine.thread import EngineThread
 from ladsd.metrics.events import (
     POLICIES,
     CallRecord,
@@ -29,7 +26,8 @@ from ladsd.metrics.events import (
     WorkflowRecord,
     new_counters,
 )
-from ladsd.runtime import CallOutcome, Runtime
+from ladsd.records import ContinuationId
+from ladsd.runtime import CallOutcome, Runtime, engine_for, open_runtime
 from ladsd.workloads.cohort import Cohorts
 from ladsd.workloads.spec import WorkflowSpec, Workload
 
@@ -56,50 +54,44 @@ def tool_message(tokenizer: Any) -> Callable[[bytes], list[int]]:
     return render
 
 
-def engine_for(profile: Profile, policy: str) -> Profile:
-    """The profile a policy runs with: infinite-cache gets a pool nothing outgrows."""
-    if policy != "infinite-cache":
-        return profile
-    w = profile.workload
-    need = sum(w.history_tokens) * w.n_workflows  # generous: every history at the largest
-    blocks = need // profile.engine.resolved_block_size() * 2
-    return replace(profile, engine=replace(profile.engine, num_gpu_blocks_override=blocks))
-
-
 async def run(
     workload: Workload,
     profile: Profile,
     policy_name: str,
     progress: Progress | None = None,
 ) -> RunRecord:
-    """Run ``workload`` under ``policy_name``; return the run record (audit checked)."""
+    """Run ``workload`` under ``policy_name``; return the run record (audit checked).
+
+    Fails fast: the first failing workflow (a failed link, a dead engine, a
+    policy error) cancels the others, the lease audit still runs, and
+    :class:`RunFailed` names the cause.
+    """
     if policy_name not in REPLAY_POLICIES:
         raise ValueError(
             f"unknown policy {policy_name!r}; choose from {', '.join(REPLAY_POLICIES)}"
         )
     prof = engine_for(profile, policy_name)
-    policy = make_policy("fifo" if policy_name == "infinite-cache" else policy_name)
-    lease = replace(prof.lease, enabled=prof.lease.enabled and policy.uses_leases)
     link = prof.link
     if workload.rate_bytes_per_s is not None:
         link = replace(link, rate_bytes_per_s=workload.rate_bytes_per_s)
     link = replace(link, codec=workload.codec)
-    async with EngineThread(prof.engine, lease) as eng:
-        rt = await Runtime(eng, policy, link).start()
-        try:
-            return await _run(workload, prof, policy_name, eng, rt, progress)
-        finally:
-            await rt.close()
+    try:
+        async with open_runtime(prof, policy_name, link=link) as rt:
+            return await _run(workload, prof, policy_name, rt, progress)
+    except RunFailed:
+        raise
+    except Exception as e:  # the audit itself, or a failure outside the workflows
+        raise RunFailed(f"run failed: {e!r}") from e
 
 
 async def _run(
     wl: Workload,
     prof: Profile,
     policy_name: str,
-    eng: EngineThread,
     rt: Runtime,
     progress: Progress | None,
 ) -> RunRecord:
+    eng = rt.engine
     cohorts = Cohorts(cohort_sizes(wl), wl.cohort_gap_s, wl.cohort_limit_s)
     render_tool = tool_message(eng.tokenizer)
     total = wl.continuations + len(wl.workflows)
@@ -148,12 +140,8 @@ async def _run(
             progress(w.wid, done, total)
         return WorkflowRecord(w.wid, arrival, clock.now(), tuple(calls))
 
-    results = await asyncio.gather(*(flow(w) for w in wl.workflows), return_exceptions=True)
-    errors = [r for r in results if isinstance(r, BaseException)]
+    flows = await _all(flow(w) for w in wl.workflows)
     audit = await rt.finish()
-    if errors:
-        raise RunFailed(f"{len(errors)} workflow(s) failed; first: {errors[0]!r}") from errors[0]
-    flows = tuple(r for r in results if not isinstance(r, BaseException))
     counters = _counters(rt, audit, flows, cpu0)
     counters["partial_cohort_releases"] = cohorts.partial_releases
     samples = tuple(LeaseSample(t - t0, U, B, C, F) for t, U, B, C, F in rt.timeline.samples)
@@ -179,6 +167,22 @@ async def _run(
     )
 
 
+async def _all(coros: Iterable[Coroutine[Any, Any, WorkflowRecord]]) -> tuple:
+    """Every workflow's record; the first failure cancels the rest and raises RunFailed."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        failed = [t for t in tasks if t.done() and not t.cancelled() and t.exception()]
+        if failed:
+            err = failed[0].exception()
+            raise RunFailed(f"{len(failed)} workflow(s) failed; first: {err!r}") from err
+        return tuple(t.result() for t in tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _record(wid: str, turn: int, out: CallOutcome) -> CallRecord:
     comp = out.completion
     return CallRecord(
@@ -186,12 +190,7 @@ def _record(wid: str, turn: int, out: CallOutcome) -> CallRecord:
         turn=turn,
         version=0,
         is_cold=turn == 0,
-        r=out.r,
-        s=out.s,
-        c=out.c,
-        a=comp.a,
-        n=comp.n,
-        f=comp.f,
+        stamps=out.stamps,
         prompt_tokens=len(comp.prompt_token_ids),
         cached_tokens=comp.num_cached_tokens,
         output_tokens=len(comp.token_ids),
@@ -201,10 +200,7 @@ def _record(wid: str, turn: int, out: CallOutcome) -> CallRecord:
 
 
 def _shift(c: CallRecord, t0: float) -> CallRecord:
-    def sh(x: float | None) -> float | None:
-        return None if x is None else x - t0
-
-    return replace(c, r=sh(c.r), s=sh(c.s), c=sh(c.c), a=sh(c.a), n=sh(c.n), f=sh(c.f))
+    return replace(c, stamps=c.stamps.shift(t0))
 
 
 def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: float) -> dict[str, float]:
@@ -219,7 +215,7 @@ def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: float) -> dict[str, 
     out["promotions"] = pol.get("promotions", 0)
     out["fallbacks"] = pol.get("fallback", 0)
     link = rt.sender.stats()
-    out["control_bytes"] = link.get("control_bytes", 0) + rt.state_bytes
+    out["control_bytes"] = rt.control_bytes()
     out["controller_cpu_s"] = rt.controller_cpu_s() - cpu0
     out["link_frames"] = link.get("frames", 0)
     out["link_resends"] = link.get("resends", 0)
@@ -253,7 +249,7 @@ def inputs_dict(wl: Workload) -> dict[str, Any]:
     }
 
 
-def _meta(prof: Profile, eng: EngineThread, wl: Workload) -> dict[str, Any]:
+def _meta(prof: Profile, eng: Any, wl: Workload) -> dict[str, Any]:
     import vllm
 
     from ladsd.config import has_cuda

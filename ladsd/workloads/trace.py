@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from ladsd.clock import Stamps
+
 FORMAT = "ladsd-trace"
 VERSION = 1
 ACTIONS = ("open", "read_reviews", "finish", "invalid")
@@ -70,22 +72,6 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class CallTimes:
-    """Timestamps of one model call, seconds since the capture's origin.
-
-    r/s/c come from the backend's return path (a direct backend has only r);
-    a/n/f from the engine. The cold call has no r/s/c.
-    """
-
-    r: float | None = None
-    s: float | None = None
-    c: float | None = None
-    a: float | None = None
-    n: float | None = None
-    f: float | None = None
-
-
-@dataclass(frozen=True)
 class CallRecord:
     """One model call. Call 0 is cold; call k > 0 resumes with ``observation``,
     the result of call ``depends_on``'s action."""
@@ -100,7 +86,7 @@ class CallRecord:
     cached_tokens: int
     offered: Mapping[str, tuple[int, ...]]  # the step's schema: action -> product ids
     action: Action
-    times: CallTimes = field(default_factory=CallTimes)
+    times: Stamps = field(default_factory=Stamps)  # relative to the capture's origin
 
 
 @dataclass(frozen=True)
@@ -143,8 +129,8 @@ class Trace:
 # ---- writing ---------------------------------------------------------------
 
 
-def _times(t: CallTimes) -> dict[str, float | None]:
-    return {"r": t.r, "s": t.s, "c": t.c, "a": t.a, "n": t.n, "f": t.f}
+def _times(t: Stamps) -> dict[str, float | None]:
+    return t.as_dict()
 
 
 def _obs(o: Observation | None) -> dict[str, Any] | None:
@@ -379,10 +365,10 @@ def _parse_action(v: Any, w: _Where) -> Action:
     return a
 
 
-def _parse_times(v: Any, w: _Where) -> CallTimes:
+def _parse_times(v: Any, w: _Where) -> Stamps:
     d = _obj(v, w)
     vals = {k: _get(d, k, _OPT_NUM, w) for k in ("r", "s", "c", "a", "n", "f")}
-    return CallTimes(**{k: None if x is None else float(x) for k, x in vals.items()})
+    return Stamps(**{k: None if x is None else float(x) for k, x in vals.items()})
 
 
 def _parse_call(v: Any, turn: int, prev: CallRecord | None, w: _Where) -> CallRecord:
