@@ -11,6 +11,7 @@ import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
@@ -55,6 +56,7 @@ class Grid:
     title: str
     headers: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
+    keys: int = 1  # leading columns that name a row; repeated in every part of a split table
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -116,7 +118,7 @@ def run_grid(summaries: Sequence[Summary], title: str = "Runs") -> Grid:
                 *(_n(s.counters.get(k)) for k in _RUN_COUNTERS),
             )
         )
-    return Grid(title, headers, tuple(rows))
+    return Grid(title, headers, tuple(rows), keys=2)
 
 
 _DRIVER_COUNTERS = {
@@ -274,6 +276,85 @@ def rich_table(grid: Grid) -> Table:
     for row in grid.rows:
         t.add_row(*row)
     return t
+
+
+def table_width(grid: Grid) -> int:
+    """Columns :func:`rich_table` needs to show every cell in full (its natural width)."""
+    widths = [
+        max([cell_len(grid.headers[i]), *(cell_len(r[i]) for r in grid.rows)])
+        for i in range(len(grid.headers))
+    ]
+    return sum(w + 3 for w in widths) + 1  # one space each side and a rule per column, one edge
+
+
+def fit(grid: Grid, width: int) -> list[Grid]:
+    """``grid`` laid out for a ``width``-column terminal, every cell in full where possible.
+
+    In order of preference: the grid as it is; transposed (one column per row,
+    named by its key cells, one line per figure); split by columns, each part
+    repeating the key columns (policy, seed) and taking as many of the
+    following columns, in order, as fit, so the first part holds the mean
+    latency; one transposed table per row. The content is the same in every
+    layout; markdown and JSON outputs never depend on the width.
+    """
+    if not grid.rows or table_width(grid) <= width:
+        return [grid]
+    flipped = transposed(grid)
+    if table_width(flipped) <= width:
+        return [flipped]
+    parts = _split(grid, width)
+    if all(table_width(p) <= width for p in parts):
+        return parts
+    return [transposed(_select(grid, grid.title, rows=[i])) for i in range(len(grid.rows))]
+
+
+def transposed(grid: Grid) -> Grid:
+    """Rows become columns, named by their key cells (``lads seed 1``)."""
+    k = min(grid.keys, len(grid.headers))
+
+    def name(row: Sequence[str]) -> str:
+        return " ".join([row[0], *(f"{grid.headers[i]} {row[i]}" for i in range(1, k))])
+
+    return Grid(
+        grid.title,
+        (grid.headers[0], *(name(r) for r in grid.rows)),
+        tuple((grid.headers[i], *(r[i] for r in grid.rows)) for i in range(k, len(grid.headers))),
+    )
+
+
+def _split(grid: Grid, width: int) -> list[Grid]:
+    keys = list(range(min(grid.keys, len(grid.headers))))
+    parts: list[list[int]] = []
+    cur = list(keys)
+    for i in range(len(keys), len(grid.headers)):
+        if len(cur) > len(keys) and table_width(_select(grid, "", cols=[*cur, i])) > width:
+            parts.append(cur)
+            cur = list(keys)
+        cur.append(i)
+    parts.append(cur)
+    n = len(parts)
+    return [
+        _select(grid, grid.title if n == 1 else f"{grid.title} ({j + 1}/{n})", cols=cols)
+        for j, cols in enumerate(parts)
+    ]
+
+
+def _select(
+    grid: Grid, title: str, cols: Sequence[int] | None = None, rows: Sequence[int] | None = None
+) -> Grid:
+    c = range(len(grid.headers)) if cols is None else cols
+    r = range(len(grid.rows)) if rows is None else rows
+    return Grid(
+        title,
+        tuple(grid.headers[i] for i in c),
+        tuple(tuple(grid.rows[j][i] for i in c) for j in r),
+        keys=grid.keys,
+    )
+
+
+def rich_tables(grid: Grid, width: int) -> list[Table]:
+    """The terminal tables of ``grid`` for a ``width``-column terminal (see :func:`fit`)."""
+    return [rich_table(g) for g in fit(grid, width)]
 
 
 def text(grids: Sequence[Grid], width: int = 400) -> str:
