@@ -11,26 +11,31 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ladsd import clock
-from ladsd.agent.backend import Backend
-from ladsd.agent.capture import capture, summarize
-from ladsd.agent.loop import AgentConfig
+from ladsd import clock, logs
 from ladsd.workloads import trace as tr
 from ladsd.workloads.trace import CallRecord, Trace, WorkflowRecord
 from web_catalog.db import open_catalog
 from web_catalog.tasks import TASKS_PATH, Task
 
-BackendFactory = Callable[[], AbstractAsyncContextManager[Backend]]
+if TYPE_CHECKING:  # the agent modules import vLLM: only inside the commands
+    from ladsd.agent.backend import Backend
+    from ladsd.agent.loop import AgentConfig
+
+BackendFactory = Callable[[], AbstractAsyncContextManager["Backend"]]
 DEFAULT_OUT = Path("traces/smollm2-16tasks.jsonl")
 
 capture_app = typer.Typer(
-    help="Run agent workflows and record their paths as traces (JSONL).", no_args_is_help=True
+    help="Run agent workflows and record their paths as traces (JSONL).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 console = Console()
 
@@ -52,13 +57,18 @@ async def capture_tasks(
     seed: int,
     out: Path | str,
     *,
-    cfg: AgentConfig = AgentConfig(),
+    cfg: AgentConfig | None = None,
     db_path: Path | str | None = None,
     tasks_file: Path | str = TASKS_PATH,
     show: Console | None = console,
 ) -> Path:
     """Run ``tasks`` concurrently through the backend, write the trace to ``out``,
-    print progress and a summary (unless ``show`` is None); return the path."""
+    print progress and a summary (unless ``show`` is None); return the path.
+    ``cfg`` defaults to ``AgentConfig()``."""
+    from ladsd.agent.capture import capture
+    from ladsd.agent.loop import AgentConfig
+
+    cfg = cfg or AgentConfig()
     with open_catalog(db_path) as db:
         async with backend_factory() as backend:
             t0 = clock.now()
@@ -76,6 +86,8 @@ async def capture_tasks(
 
 
 async def _with_progress(backend, tasks, db, cfg, seed, tasks_file, show) -> Trace:
+    from ladsd.agent.capture import capture
+
     bar = Progress(
         TextColumn("{task.description}"),
         BarColumn(bar_width=20),
@@ -107,6 +119,8 @@ async def _with_progress(backend, tasks, db, cfg, seed, tasks_file, show) -> Tra
 
 
 def summary_table(trace: Trace) -> Table:
+    from ladsd.agent.capture import summarize
+
     t = Table(title=f"captured {len(trace.workflows)} workflows (seed {trace.header.seed})")
     for col in ("task", "calls", "open", "reviews", "invalid", "opened 3", "read 3", "cached"):
         t.add_column(col, justify="left" if col == "task" else "right")
@@ -131,6 +145,8 @@ def summary_table(trace: Trace) -> Table:
 
 
 def totals_line(trace: Trace, wall: float) -> str:
+    from ladsd.agent.capture import summarize
+
     sums = [summarize(w) for w in trace.workflows]
     n = len(sums)
     both = sum(s.opened_all and s.read_all for s in sums)
@@ -181,52 +197,57 @@ def tasks_cmd(
     policy: str = typer.Option("fifo", help="Delivery policy of the link backend."),
     model: str = typer.Option("smollm2-135m", help="Model profile (see `ladsd model list`)."),
     max_model_len: int = typer.Option(8192, help="Context limit in tokens."),
-    verbose: bool = typer.Option(False, help="Show vLLM's own logs."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Show vLLM's and torch's logs (always in the log file)."
+    ),
 ) -> None:
     """Run the shopping tasks concurrently as ReAct workflows; write the trace."""
-    import logging
-    import os
-
-    if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        logging.getLogger("vllm").setLevel(logging.ERROR)
-    import uvloop
-
-    from ladsd.agent.backend import direct_backend
-    from ladsd.agent.link_backend import link_backend
-    from ladsd.config import EngineConfig
-    from ladsd.engine.models import ModelError
-    from ladsd.engine.thread import EngineError
-    from web_catalog.db import CatalogMissing
     from web_catalog.tasks import TaskFileError, load_tasks
 
+    if backend not in ("link", "direct"):
+        console.print(f"[red]error:[/red] unknown backend {escape(repr(backend))} (link or direct)")
+        raise typer.Exit(1)
     try:
         chosen = pick_tasks(tasks, load_tasks())
-        cfg = AgentConfig(
-            step_limit=step_limit,
-            temperature=temperature,
-            progress_note=progress_note,
-            repeats=repeats,
-            per_call_seed=per_call_seed,
-        )
     except (TaskFileError, ValueError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {escape(str(e))}")
         raise typer.Exit(1) from None
-    engine = EngineConfig(model=model, max_model_len=max_model_len, seed=seed)
-    if backend not in ("link", "direct"):
-        console.print(f"[red]error:[/red] unknown backend {backend!r} (link or direct)")
-        raise typer.Exit(1)
+    with logs.session("capture", verbose) as log:
+        import uvloop
 
-    def factory():  # noqa: ANN202 - an async context manager yielding a Backend
-        if backend == "direct":
-            return direct_backend(engine)
-        return link_backend(engine, policy)
+        from ladsd.agent.backend import direct_backend
+        from ladsd.agent.link_backend import link_backend
+        from ladsd.agent.loop import AgentConfig
+        from ladsd.config import EngineConfig
+        from ladsd.engine.models import ModelError
+        from ladsd.engine.thread import EngineError
+        from web_catalog.db import CatalogMissing
 
-    try:
-        uvloop.run(capture_tasks(factory, chosen, seed, out, cfg=cfg))
-    except (CatalogMissing, ModelError, EngineError, tr.TraceError, OSError) as e:
-        console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(1) from None
+        try:
+            cfg = AgentConfig(
+                step_limit=step_limit,
+                temperature=temperature,
+                progress_note=progress_note,
+                repeats=repeats,
+                per_call_seed=per_call_seed,
+            )
+        except ValueError as e:
+            console.print(f"[red]error:[/red] {escape(str(e))}")
+            raise typer.Exit(1) from None
+        engine = EngineConfig(model=model, max_model_len=max_model_len, seed=seed)
+
+        def factory():  # noqa: ANN202 - an async context manager yielding a Backend
+            if backend == "direct":
+                return direct_backend(engine)
+            return link_backend(engine, policy)
+
+        try:
+            uvloop.run(capture_tasks(factory, chosen, seed, out, cfg=cfg))
+        except (CatalogMissing, ModelError, EngineError, tr.TraceError, OSError) as e:
+            logs.to_file(str(e), e)
+            console.print(f"[red]error:[/red] {escape(str(e))}")
+            console.print(f"[dim]full log: {escape(str(log.path))}[/dim]")
+            raise typer.Exit(1) from None
     if any(w.termination == "error" for w in tr.load(out).workflows):
         console.print("[red]some workflows failed[/red] (see the end column)")
         raise typer.Exit(1)

@@ -14,7 +14,9 @@ from web_catalog.pages import product_page, review_page
 from web_catalog.source import CatalogSourceError
 from web_catalog.tasks import TaskFileError, load_tasks
 
-catalog_app = typer.Typer(help="The local Magento sample catalog the web agents browse.")
+catalog_app = typer.Typer(
+    help="The local Magento sample catalog the web agents browse.", rich_markup_mode=None
+)
 console = Console()
 
 

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 
+from cli.progress import RunProgress, clock
+from ladsd import logs
 from ladsd.config import PROFILES, Profile
 from ladsd.metrics import events, summary, table
+from ladsd.metrics.events import POLICIES as REPLAY_POLICIES
 from ladsd.workloads.factory import WORKLOADS, make
-from ladsd.workloads.runner import REPLAY_POLICIES, RunFailed, run
+
+# Heavy modules (vLLM, torch) are imported inside the commands, after the log
+# session is set up: `ladsd replay --help` stays fast and silent.
 
 console = Console()
+VERBOSE_HELP = "Show vLLM's and torch's logs on the terminal (always in the log file)."
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -52,25 +60,48 @@ def _check_workload(name: str) -> None:
         raise typer.BadParameter(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
+def _run_errors() -> tuple[type[BaseException], ...]:
+    """What a run raises when it fails for a reason worth one line (not a traceback)."""
+    from ladsd.engine.models import ModelError
+    from ladsd.engine.thread import EngineError
+    from ladsd.workloads.runner import RunFailed
+    from ladsd.workloads.trace import TraceError
+
+    return (RunFailed, EngineError, ModelError, TraceError, OSError, ValueError)
+
+
+def fail(what: str, e: BaseException, log: logs.LogSession) -> typer.Exit:
+    """Print the error (the engine's own message included) and where the full log is."""
+    logs.to_file(f"{what}{e}", e)
+    console.print(f"[red]error:[/red] {escape(what)}{escape(str(e))}")
+    console.print(f"[dim]full log: {escape(str(log.path))}[/dim]")
+    return typer.Exit(1)
+
+
 def run_one(
-    policy: str, workload: str, prof: Profile, seed: int, cohort: int | None, trace: Path | None
-) -> events.RunRecord:
+    label: str,
+    policy: str,
+    workload: str,
+    prof: Profile,
+    seed: int,
+    cohort: int | None,
+    trace: Path | None,
+) -> tuple[events.RunRecord, float]:
+    """One run with its progress line; returns the record and its wall time in seconds."""
+    from ladsd.workloads.runner import run
+
     wl = make(workload, prof, seed, cohort=cohort, trace=trace)
-    with Progress(
-        TextColumn(f"[bold]{policy}[/bold] {workload} seed {seed}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("calls"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("run", total=wl.continuations + len(wl.workflows))
+    t0 = time.monotonic()
+    with RunProgress(console, label, wl) as progress:
+        rec = asyncio.run(run(wl, prof, policy, progress))
+    return rec, time.monotonic() - t0
 
-        def progress(_: str, done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
 
-        return asyncio.run(run(wl, prof, policy, progress))
+def print_grids(grids: Sequence[table.Grid]) -> None:
+    """Tables laid out for the terminal's width (split or transposed when narrow)."""
+    for g in grids:
+        for t in table.rich_tables(g, console.width):
+            console.print(t)
 
 
 def replay(
@@ -82,32 +113,38 @@ def replay(
     trace: Path = typer.Option(None, help="Trace for web-burst/captured [default: traces/]."),
     kv_blocks: int = typer.Option(None, help="Override the profile's KV pool (blocks)."),
     json_out: Path = typer.Option(None, "--json", help="Write the run records (JSON list)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Replay a workload under one delivery policy; print a summary table."""
     parse_policies(policy)
     _check_workload(workload)
     prof = _profile(profile, kv_blocks)
+    seed_list = parse_seeds(seeds)
     runs: list[events.RunRecord] = []
     sums: list[summary.Summary] = []
-    for seed in parse_seeds(seeds):
-        try:
-            rec = run_one(policy, workload, prof, seed, cohort, trace)
-        except (RunFailed, FileNotFoundError, ValueError) as e:
-            console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(1) from None
-        runs.append(rec)
-        s = summary.summarize(rec)
-        sums.append(s)
-        console.print(
-            f"{policy} seed {seed}: mean {s.mean_s:.2f} s, P95 {s.p95_s:.2f} s, "
-            f"makespan {s.makespan_s:.2f} s, audit ok "
-            f"({int(rec.counters['refs_added'])} refs added = released)"
-        )
-    console.print(table.rich_table(table.run_grid(sums)))
-    if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_bytes(b"[" + b",".join(events.to_json(r) for r in runs) + b"]")
-        console.print(f"wrote {json_out}")
+    with logs.session("replay", verbose) as log:
+        errors = _run_errors()
+        for i, seed in enumerate(seed_list, start=1):
+            label = f"{policy} seed {seed}"
+            if len(seed_list) > 1:
+                label = f"run {i}/{len(seed_list)} {label}"
+            try:
+                rec, took = run_one(label, policy, workload, prof, seed, cohort, trace)
+            except errors as e:
+                raise fail(f"{policy} seed {seed}: ", e, log) from None
+            runs.append(rec)
+            s = summary.summarize(rec)
+            sums.append(s)
+            console.print(
+                f"{policy} seed {seed}: mean {s.mean_s:.2f} s, P95 {s.p95_s:.2f} s, "
+                f"makespan {s.makespan_s:.2f} s, audit ok; took {clock(took)}"
+            )
+        print_grids([table.run_grid(sums)])
+        if json_out:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_bytes(b"[" + b",".join(events.to_json(r) for r in runs) + b"]")
+            console.print(f"wrote {json_out}")
+        console.print(f"[dim]engine log: {escape(str(log.path))}[/dim]")
 
 
 def compare(
@@ -120,38 +157,58 @@ def compare(
     kv_blocks: int = typer.Option(None, help="Override the profile's KV pool (blocks)."),
     out: Path = typer.Option(Path("bench/results/compare"), help="Folder for JSON and plots."),
     resume: bool = typer.Option(True, help="Reuse run files already in --out."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Run several policies over the same seeds; paper-style table, JSON and plots."""
     _check_workload(workload)
     names = parse_policies(policies)
     prof = _profile(profile, kv_blocks)
+    seed_list = parse_seeds(seeds)
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{workload}" + (f"-c{cohort}" if cohort else "") + f"-{prof.name}"
+    plan = [(seed, pol, out / f"{tag}-{pol}-s{seed}.json") for seed in seed_list for pol in names]
+    stored = {path for _, _, path in plan if resume and path.exists()}
+    n = len(plan)
+    console.print(
+        f"compare {workload} ({prof.name} profile): {len(names)} policies x "
+        f"{len(seed_list)} seeds = {n} runs"
+        + (f", {len(stored)} read back from {out}" if stored else "")
+    )
     runs: dict[str, list[events.RunRecord]] = {}
-    for seed in parse_seeds(seeds):
-        for pol in names:
-            path = out / f"{tag}-{pol}-s{seed}.json"
-            if resume and path.exists():
+    took: list[float] = []
+    with logs.session("compare", verbose) as log:
+        errors = _run_errors()
+        for i, (seed, pol, path) in enumerate(plan, start=1):
+            head = f"run {i}/{n} {pol} seed {seed}"
+            if path in stored:
                 rec = events.load(path)
+                note = "read back"
             else:
                 try:
-                    rec = run_one(pol, workload, prof, seed, cohort, trace)
-                except (RunFailed, FileNotFoundError, ValueError) as e:
-                    console.print(f"[red]error:[/red] {pol} seed {seed}: {e}")
-                    raise typer.Exit(1) from None
+                    rec, dt = run_one(head, pol, workload, prof, seed, cohort, trace)
+                except errors as e:
+                    raise fail(f"{head}: ", e, log) from None
                 events.save(rec, path)
+                took.append(dt)
+                left = sum(1 for _, _, p in plan[i:] if p not in stored)
+                note = f"took {clock(dt)}"
+                if left:
+                    note += f"; ~{clock(left * sum(took) / len(took))} left for {left} runs"
             summary.audit(rec)
             runs.setdefault(pol, []).append(rec)
-            console.print(f"{pol:>22} seed {seed}: mean {summary.mean_latency(rec):7.2f} s")
-    comp = table.compare(runs)
-    grids = [*table.comparison_grids(comp), table.drivers_grid(runs)]
-    for g in grids:
-        console.print(table.rich_table(g))
-    (out / f"{tag}-table.md").write_text(table.markdown(grids))
-    from ladsd.metrics import plots
+            console.print(
+                f"{head}: mean {summary.mean_latency(rec):.2f} s, "
+                f"P95 {summary.p95_latency(rec):.2f} s ({note})"
+            )
+        comp = table.compare(runs)
+        grids = [*table.comparison_grids(comp), table.drivers_grid(runs)]
+        print_grids(grids)
+        (out / f"{tag}-table.md").write_text(table.markdown(grids))
+        from ladsd.metrics import plots
 
-    plots.latency_cdf(runs, out / f"{tag}-cdf.png")
-    plots.stage_breakdown(runs, out / f"{tag}-stages.png")
-    if "lads" in runs:
-        plots.lease_timeline(runs["lads"][0], out / f"{tag}-lease-timeline.png")
-    console.print(f"wrote {out}/{tag}-*.json, -table.md and plots")
+        plots.latency_cdf(runs, out / f"{tag}-cdf.png")
+        plots.stage_breakdown(runs, out / f"{tag}-stages.png")
+        if "lads" in runs:
+            plots.lease_timeline(runs["lads"][0], out / f"{tag}-lease-timeline.png")
+        console.print(f"wrote {out}/{tag}-*.json, -table.md and plots")
+        console.print(f"[dim]engine log: {escape(str(log.path))}[/dim]")
