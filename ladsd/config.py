@@ -45,7 +45,6 @@ class EngineConfig:
     dtype: str = "auto"
     kv_cache_memory_bytes: int | None = None  # CPU: KV cache space
     gpu_memory_utilization: float = 0.85
-    scheduler_cls: str = "ladsd.engine.leases.LeaseScheduler"
 
     def resolved_block_size(self) -> int:
         if self.block_size is not None:

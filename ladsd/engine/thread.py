@@ -291,11 +291,12 @@ class EngineThread:
 
     async def finish(self) -> dict[str, float]:
         """Release every lease, check integrity, return the audit (also after death)."""
-        if self._error is not None:
+        try:
+            return await self._ask(cmd.Finish())
+        except EngineDead:
             if self.final_audit is None:
-                raise self._error
+                raise
             return self.final_audit
-        return await self._ask(cmd.Finish())
 
     def _put(self, command: cmd.Command, fut: asyncio.Future | None = None) -> None:
         with self._lock:
@@ -547,15 +548,15 @@ class EngineThread:
     def _die(self, err: BaseException) -> None:
         """Declare the engine dead: fail everything, release leases, keep the audit."""
         dead = err if isinstance(err, EngineDead) else EngineDead(f"engine failed: {err!r}")
-        with self._lock:
-            self._error = dead
-        self._fail_reqs(dead)
-        self._fail_queued(dead)
-        try:
+        try:  # before anyone hears of the death, so the audit is there when they ask
             self._sched.lease_release_all()
             self.final_audit = self._sched.lease_audit()
         except Exception:
             log.exception("lease release after engine failure")
+        with self._lock:
+            self._error = dead
+        self._fail_reqs(dead)
+        self._fail_queued(dead)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._fail_streams, dead)
 

@@ -37,7 +37,14 @@ Progress = Callable[[str, int, int], None]  # (workflow, calls done, calls total
 
 
 class RunFailed(RuntimeError):
-    """A run did not complete (engine error, link failure, audit mismatch)."""
+    """A run did not complete (engine error, link failure, policy error, audit mismatch).
+
+    ``audit`` is the lease audit taken on the way out (None if none could be taken).
+    """
+
+    def __init__(self, msg: str, audit: dict[str, float] | None = None) -> None:
+        super().__init__(msg)
+        self.audit = audit
 
 
 def tool_message(tokenizer: Any) -> Callable[[bytes], list[int]]:
@@ -75,13 +82,16 @@ async def run(
     if workload.rate_bytes_per_s is not None:
         link = replace(link, rate_bytes_per_s=workload.rate_bytes_per_s)
     link = replace(link, codec=workload.codec)
+    rt: Runtime | None = None
     try:
         async with open_runtime(prof, policy_name, link=link) as rt:
             return await _run(workload, prof, policy_name, rt, progress)
-    except RunFailed:
-        raise
-    except Exception as e:  # the audit itself, or a failure outside the workflows
-        raise RunFailed(f"run failed: {e!r}") from e
+    except Exception as e:
+        audit = rt.audit if rt is not None else None
+        if isinstance(e, RunFailed):
+            e.audit = e.audit or audit
+            raise
+        raise RunFailed(f"run failed: {e}", audit) from e
 
 
 async def _run(
