@@ -78,6 +78,12 @@ def fail(what: str, e: BaseException, log: logs.LogSession) -> typer.Exit:
     return typer.Exit(1)
 
 
+def show_log(log: logs.LogSession) -> None:
+    """Say where the engine's log went (when something was logged)."""
+    if log.path.exists() and log.path.stat().st_size:
+        console.print(f"[dim]engine log: {escape(str(log.path))}[/dim]")
+
+
 def run_one(
     label: str,
     policy: str,
@@ -144,7 +150,7 @@ def replay(
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_bytes(b"[" + b",".join(events.to_json(r) for r in runs) + b"]")
             console.print(f"wrote {json_out}")
-        console.print(f"[dim]engine log: {escape(str(log.path))}[/dim]")
+        show_log(log)
 
 
 def compare(
@@ -211,4 +217,4 @@ def compare(
         if "lads" in runs:
             plots.lease_timeline(runs["lads"][0], out / f"{tag}-lease-timeline.png")
         console.print(f"wrote {out}/{tag}-*.json, -table.md and plots")
-        console.print(f"[dim]engine log: {escape(str(log.path))}[/dim]")
+        show_log(log)
