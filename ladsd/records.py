@@ -76,6 +76,10 @@ class HistoryNotice:
     ready_time: float
     payload_bytes: int
     cache_salt: str | None = None
+    # Intent (ladsd serve): the harness's expected seconds until the result is
+    # back, used for T_B in place of the link estimate when the result does not
+    # travel the daemon's own link. A prediction, not a promise.
+    expected_wait_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,27 @@ class SenderInventory:
 
     def pending(self) -> tuple[InventoryItem, ...]:
         return tuple(i for i in self.items if i.phase is Phase.PENDING)
+
+
+class LeaseEventKind(StrEnum):
+    """What happened to a lease candidate (the daemon's outcome stream)."""
+
+    GRANT = "grant"
+    DENIAL = "denial"
+    HANDOFF = "handoff"
+    EXPIRY = "expiry"
+    REVOCATION = "revocation"
+    CANCELLATION = "cancellation"
+
+
+@dataclass(frozen=True)
+class LeaseEvent:
+    """One lease outcome, published once in the next EngineState after it happened."""
+
+    kind: LeaseEventKind
+    cid: ContinuationId
+    time: float
+    blocks: int = 0  # protected blocks at the event (0 for a denial)
 
 
 class LeaseStatus(StrEnum):
@@ -165,6 +190,7 @@ class EngineState:
     denials: tuple[DenialEvent, ...] = ()
     resident: tuple[tuple[ContinuationId, int], ...] = ()
     counters: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
+    events: tuple[LeaseEvent, ...] = ()  # lease outcomes since the previous publication
 
     def lease_for(self, cid: ContinuationId) -> LeaseRecord | None:
         for rec in self.leases:

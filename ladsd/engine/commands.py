@@ -39,6 +39,13 @@ class Notice:
 
 
 @dataclass(frozen=True)
+class Require:
+    """Retention as a requirement: lease now or refuse. Reply: None, or the reason."""
+
+    notice: HistoryNotice
+
+
+@dataclass(frozen=True)
 class Inventory:
     """The sender's latest inventory; a drained batch keeps only the newest (coalesced)."""
 

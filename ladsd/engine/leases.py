@@ -93,6 +93,10 @@ class LeaseMixin:
         """Result ready: compute ``P_i``, evaluate the budget, FIFO grant before the sender."""
         self.lease_book.notice(n)
 
+    def lease_require(self, n: HistoryNotice) -> str | None:
+        """Retention as a requirement: grant now within ``B`` and ``H``, or say why not."""
+        return self.lease_book.require(n)
+
     def lease_inventory(self, inv: SenderInventory) -> None:
         """The sender's causal inventory changed: commitment marks, replenishment."""
         self.lease_book.inventory(inv)

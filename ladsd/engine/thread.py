@@ -273,6 +273,10 @@ class EngineThread:
         """A result is ready: returns once the lease provider has seen its history."""
         await self._ask(cmd.Notice(n))
 
+    async def require(self, n: HistoryNotice) -> str | None:
+        """Lease ``n``'s history now if the budget can hold it: None, else why not."""
+        return await self._ask(cmd.Require(n))
+
     def inventory(self, inv: SenderInventory) -> None:
         self._put(cmd.Inventory(inv))
 
@@ -485,6 +489,8 @@ class EngineThread:
                 return self._abort(rid)
             case cmd.Notice(notice):
                 s.lease_notice(notice)
+            case cmd.Require(notice):
+                return s.lease_require(notice)
             case cmd.Inventory(inv):
                 self.inventory_bytes += inv_bytes(inv)
                 s.lease_inventory(inv)
