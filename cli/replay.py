@@ -199,7 +199,8 @@ def compare(
                 left = sum(1 for _, _, p in plan[i:] if p not in stored)
                 note = f"took {clock(dt)}"
                 if left:
-                    note += f"; ~{clock(left * sum(took) / len(took))} left for {left} runs"
+                    runs_left = f"{left} run" + ("s" if left > 1 else "")
+                    note += f"; ~{clock(left * sum(took) / len(took))} left for {runs_left}"
             summary.audit(rec)
             runs.setdefault(pol, []).append(rec)
             console.print(

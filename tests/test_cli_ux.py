@@ -325,7 +325,7 @@ def test_compare_tables_fit_80_and_200_columns_and_show_progress_per_run(
     assert_quiet(first)
     assert "run 1/2 fifo seed 1: mean" in first.stdout
     assert "run 2/2 lads seed 1: mean" in first.stdout
-    took = r"run 1/2 fifo seed 1: .*took \d+:\d\d; ~\d+:\d\d left for 1 run"
+    took = r"run 1/2 fifo seed 1: .*took \d+:\d\d; ~\d+:\d\d left for 1 run\)"
     assert re.search(took, first.stdout)
     runs = {p: [events.load(out / f"controlled-smoke-{p}-s1.json")] for p in ("fifo", "lads")}
     means = {table.label(p): f"{summary.mean_latency(r[0]):.2f}" for p, r in runs.items()}
