@@ -136,7 +136,8 @@ class Runtime:
             prefix_digest=digest,
             ready_time=r,
             workflow_arrival=workflow_arrival,
-            prompt_tokens=expected_prompt_tokens or len(history_ids),
+            # the full prompt (history + observation): Tail-aware's work estimate
+            prompt_tokens=expected_prompt_tokens or len(render(observation)),
             codec=self.link.codec,
         )
         registered = asyncio.get_running_loop().create_future()
@@ -245,6 +246,16 @@ class Runtime:
         if self.audit is None:
             self.audit = await self.engine.finish()
         return self.audit
+
+    async def sizes(self) -> dict[str, int]:
+        """Entries per table of the run's parts (all 0 between workflows: nothing leaks)."""
+        own = {"waiting": len(self._waiting), "batch": len(self._batch), "tasks": len(self._tasks)}
+        parts = {
+            "sender": self.sender.sizes(),
+            "receiver": self.receiver.sizes(),
+            "engine": await self.engine.sizes(),
+        }
+        return own | {f"{p}.{k}": v for p, d in parts.items() for k, v in d.items()}
 
     def control_bytes(self) -> int:
         """Control-record bytes: link acks/nacks, engine states, sender inventories."""

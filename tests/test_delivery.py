@@ -520,9 +520,11 @@ def test_cap_adapts_to_engine_feedback() -> None:
         tr.on_commit(item(w, prompt=100), 0.0)  # 356 each, ledger 1068
     tr.on_state(engine_state(0.2, w=3), 0.2)  # waiting: shrink to beta * ledger
     assert tr.cap == pytest.approx(534)
-    tr.on_state(engine_state(0.25, w=0, a=1), 0.25)  # within adapt_s: ignored
+    tr.on_state(engine_state(0.31, w=3), 0.31)  # same congestion episode: cut once, hold
     assert tr.cap == pytest.approx(534)
-    tr.on_state(engine_state(0.4, w=0, a=1), 0.4)  # idle: grow by one mean estimate
+    tr.on_state(engine_state(0.35, w=0, a=1), 0.35)  # within adapt_s: ignored
+    assert tr.cap == pytest.approx(534)
+    tr.on_state(engine_state(0.45, w=0, a=1), 0.45)  # idle: grow by one mean estimate
     assert tr.cap == pytest.approx(890)
     tr.on_state(engine_state(0.6, w=0, a=8, m=8), 0.6)  # full, no queue: hold
     assert tr.cap == pytest.approx(890)
@@ -531,7 +533,7 @@ def test_cap_adapts_to_engine_feedback() -> None:
     tr.on_state(engine_state(0.8, w=1), 0.8)  # waiting with an empty ledger: floor
     assert tr.cap == pytest.approx(356)
     s = tr.stats()
-    assert (s["cap_shrink"], s["cap_grow"], s["cap_hold"], s["cap"]) == (2, 1, 2, 356)
+    assert (s["cap_shrink"], s["cap_grow"], s["cap_hold"], s["cap"]) == (2, 1, 3, 356)
 
 
 def test_adapt_cap_pure() -> None:
@@ -539,6 +541,9 @@ def test_adapt_cap_pure() -> None:
     assert adapt_cap(1000.0, 100.0, 300.0, engine_state(0, w=1), 0.5) == (300.0, "shrink")
     assert adapt_cap(1000.0, 800.0, 100.0, engine_state(0, w=0, a=2), 0.5) == (1100.0, "grow")
     assert adapt_cap(1000.0, 800.0, 100.0, engine_state(0, w=0, a=8), 0.5) == (1000.0, "hold")
+    # already cut in this congestion episode: hold until the engine stops queueing
+    assert adapt_cap(400.0, 800.0, 100.0, engine_state(0, w=1), 0.5, True) == (400.0, "hold")
+    assert adapt_cap(400.0, 800.0, 100.0, engine_state(0, w=0, a=2), 0.5, True) == (500.0, "grow")
 
 
 # --- properties ----------------------------------------------------------------------------

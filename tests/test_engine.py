@@ -117,3 +117,15 @@ async def test_seeded_request_refused_on_cpu_engine_keeps_running(tiny):
     with pytest.raises(EngineError, match="seeds"):
         await tiny.complete(ids(10), sampling(max_tokens=2, seed=3))
     assert len((await tiny.complete(ids(10), sampling(max_tokens=2))).token_ids) == 2
+
+
+async def test_real_preemptions_are_counted(model_ready):
+    """A pool too small for the batch makes vLLM preempt; the engine state counts each one."""
+    cfg = EngineConfig(model="tiny", max_model_len=512, num_gpu_blocks_override=24)
+    async with EngineThread(cfg) as eng:
+        assert (await eng.state()).counters["preemptions"] == 0
+        params = sampling(max_tokens=200, ignore_eos=True)
+        prompts = [ids(64, 100 + 97 * k) for k in range(8)]
+        outs = await asyncio.gather(*(eng.complete(p, params) for p in prompts))
+        assert all(len(o.token_ids) == 200 for o in outs)
+        assert (await eng.state()).counters["preemptions"] > 0

@@ -12,10 +12,13 @@
   None) until a completion or new state; with an empty ledger the oldest is
   always admitted, so holding never deadlocks.
 * Cap (AIMD on engine feedback, ``on_state``, at most once per ``adapt_s``):
-  starts unbounded; engine waiting ``w > 0`` shrinks it to
-  ``beta * min(cap, ledger)`` (never below one mean estimate); an idle
+  starts unbounded; the first state of a congestion episode (engine waiting
+  ``w > 0``) shrinks it once to ``beta * min(cap, ledger)`` (never below one
+  mean estimate), and it holds for the rest of the episode (a multiplicative
+  decrease per congestion event, as in AIMD, not one per tick); an idle
   engine (``w == 0`` and ``a < m``) grows it by one mean estimate;
-  otherwise (full but not queueing) it holds.
+  otherwise (full but not queueing) it holds. The episode ends at ``w == 0``.
+* ``prompt_tokens`` is the continuation's full prompt (history + observation).
 """
 
 from __future__ import annotations
@@ -40,16 +43,19 @@ def oldest_key(item: Pending) -> tuple:
 
 
 def adapt_cap(
-    cap: float, ledger: float, step: float, state: EngineState, beta: float
+    cap: float, ledger: float, step: float, state: EngineState, beta: float, shrunk: bool = False
 ) -> tuple[float, str]:
     """The next cap and what happened (``shrink``, ``grow``, ``hold``).
 
     ``step`` is one mean committed estimate; before any commitment (``step``
-    0) there is no scale for the cap yet, so it holds.
+    0) there is no scale for the cap yet, so it holds. ``shrunk``: the cap was
+    already cut in this congestion episode, so it holds until the episode ends.
     """
     if step <= 0:
         return cap, "hold"
     if state.w > 0:
+        if shrunk:
+            return cap, "hold"
         return max(step, beta * min(cap, ledger)), "shrink"
     if state.a < state.m:
         return cap + step, "grow"  # inf stays inf
@@ -113,6 +119,7 @@ class TailRelease(BasePolicy):
         self._est_sum = 0.0  # committed estimates, for the AIMD step
         self._est_n = 0
         self._last_adapt: float | None = None
+        self._shrunk = False  # the cap was cut in the current congestion episode
 
     def estimate(self, item: Pending) -> float:
         """``W_i``, frozen at ready (depends only on outputs seen up to ``r_i``)."""
@@ -165,7 +172,10 @@ class TailRelease(BasePolicy):
         if self._last_adapt is not None and now - self._last_adapt < self.adapt_s:
             return
         self._last_adapt = now
-        self.cap, what = adapt_cap(self.cap, self.ledger_work, self.step(), state, self.beta)
+        self.cap, what = adapt_cap(
+            self.cap, self.ledger_work, self.step(), state, self.beta, self._shrunk
+        )
+        self._shrunk = state.w > 0 and (self._shrunk or what == "shrink")
         self.counts[f"cap_{what}"] += 1
 
     def stats(self) -> dict[str, int]:

@@ -82,6 +82,11 @@ class Resident:
 
 
 @dataclass(frozen=True)
+class Sizes:
+    """Reply: entries per engine-side table (requests, stamps, lease book), for leak checks."""
+
+
+@dataclass(frozen=True)
 class Finish:
     """End of run: release every lease, check integrity; reply: the lease audit."""
 

@@ -63,6 +63,7 @@ class LeaseMixin:
     hash_block_size: int
     max_num_running_reqs: int
     deferred_frees: Any
+    preemptions: int  # StampMixin
 
     def lease_setup(
         self, cfg: LeaseConfig, kappa: float, clock: Callable[[], float] = _clock.now
@@ -116,7 +117,9 @@ class LeaseMixin:
     def lease_state(self) -> EngineState:
         """A fresh frozen snapshot with a new sequence number."""
         self._lease_seq += 1
-        return self.lease_book.state(self._lease_seq)
+        state = self.lease_book.state(self._lease_seq)
+        state.counters["preemptions"] = self.preemptions
+        return state
 
     def lease_audit(self) -> dict[str, float]:
         """References added vs released; raises :class:`LeaseIntegrityError` on mismatch."""

@@ -4,7 +4,8 @@ vLLM reports when a request finished but not when its work was first
 allocated; the spec's receipt-to-allocation stage needs that moment, so the
 scheduler records it right after ``schedule()`` succeeds. The engine thread
 takes each stamp when its request finishes or is aborted, so the table holds
-only requests in flight.
+only requests in flight. It also counts vLLM's real preemptions (each one
+that increments ``request.num_preemptions``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ class StampMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.first_alloc: dict[str, float] = {}
+        self.preemptions = 0
+
+    def _preempt_request(self, *args: Any, **kwargs: Any) -> None:
+        self.preemptions += 1
+        super()._preempt_request(*args, **kwargs)  # type: ignore[misc]
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]

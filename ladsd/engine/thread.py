@@ -293,6 +293,10 @@ class EngineThread:
     async def resident(self, token_ids: Sequence[int]) -> int:
         return await self._ask(cmd.Resident(tuple(token_ids)))
 
+    async def sizes(self) -> dict[str, int]:
+        """Entries per table on both sides of the boundary (all 0 when nothing is in flight)."""
+        return {"streams": len(self._streams), **await self._ask(cmd.Sizes())}
+
     async def finish(self) -> dict[str, float]:
         """Release every lease, check integrity, return the audit (also after death)."""
         try:
@@ -505,6 +509,9 @@ class EngineThread:
                 return s.lease_state()
             case cmd.Resident(ids):
                 return s.lease_resident(list(ids))
+            case cmd.Sizes():
+                book = {f"lease_book.{k}": v for k, v in s.lease_book.sizes().items()}
+                return {"requests": len(self._reqs), "first_alloc": len(s.first_alloc), **book}
             case cmd.Finish():
                 s.lease_release_all()
                 s.check_integrity()
