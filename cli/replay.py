@@ -183,7 +183,7 @@ def compare(
     runs: dict[str, list[events.RunRecord]] = {}
     took: list[float] = []
     with logs.session("compare", verbose) as log:
-        errors = _run_errors()
+        errors = _run_errors() if len(stored) < n else ()  # () when nothing runs: no vLLM import
         for i, (seed, pol, path) in enumerate(plan, start=1):
             head = f"run {i}/{n} {pol} seed {seed}"
             if path in stored:

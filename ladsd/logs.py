@@ -5,7 +5,8 @@ vLLM, torch and transformers log at INFO/WARNING while an engine starts (about
 :func:`session`; inside it
 
 * every log record at INFO and above (vLLM's, ours, anyone's that reaches the
-  root logger) is appended to ``$LADSD_HOME/logs/<command>-<time>-<pid>.log``;
+  root logger) is appended to ``$LADSD_HOME/logs/<command>-<time>-<pid>.log``
+  (removed at the end if nothing was written to it);
 * Python warnings (e.g. torch's FutureWarnings) become log records; those
   raised from ladsd's own code count as ladsd's warnings;
 * a thread that dies of an exception is logged as an error;
@@ -128,6 +129,14 @@ def _new_path(command: str) -> Path:
     raise OSError(f"cannot create a log file {name} under {log_dir()} or the temp dir")
 
 
+def _drop_if_empty(path: Path) -> None:
+    try:
+        if path.stat().st_size == 0:
+            path.unlink()
+    except OSError:
+        pass
+
+
 @contextmanager
 def _env(values: dict[str, str]) -> Iterator[None]:
     old = {k: os.environ.get(k) for k in values}
@@ -214,6 +223,7 @@ def session(command: str, verbose: bool = False) -> Iterator[LogSession]:
     file_handler = logging.FileHandler(path, encoding="utf-8")
     file_handler.setFormatter(logging.Formatter(FILE_FORMAT))
     with ExitStack() as stack:
+        stack.callback(_drop_if_empty, path)  # runs last
         if not user_vllm:
             stack.enter_context(_env({"VLLM_CONFIGURE_LOGGING": "0"}))
         if verbose:
