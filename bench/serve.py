@@ -1,0 +1,502 @@
+"""`ladsd serve` under the captured trace: leases (LADS) vs none (FIFO), over HTTP.
+
+The committed trace's workflows (traces/smollm2-16tasks.jsonl) are replayed as
+HTTP chat sessions against real daemons on loopback: each workflow is one
+session (``x-session-id``). Each turn sends the recorded prompt as chat
+messages (system and user turn, then for every earlier turn the assistant
+message the daemon returned, the recorded tool message and the harness's
+progress note), asks for the recorded output length, and, when the reply is
+in, waits the recorded tool seconds before sending the next turn. Each
+continuation's recorded prompt is checked token by token against the
+messages before anything runs, so the daemon is asked for exactly the
+recorded tokens (its own outputs aside, which it keeps token-exact per
+session).
+
+One daemon per policy (``ladsd serve --policy lads`` and ``--policy fifo``,
+same profile and flags), each a subprocess on a free loopback port; the order
+rotates every repeat so drift on a shared machine hits both alike. Reported
+per policy: mean turn latency (request sent -> reply read), continuation turns
+only and all turns, cached prompt tokens, workflow latency, makespan; the
+LADS/FIFO ratio per repeat and over all repeats, with the spread (min, max,
+stdev) over repeats. Results (with the git commit, profile and flags) go to
+bench/results/serve/. Prints a table and, last, one JSON line. Never asserts.
+
+    .venv/bin/python bench/serve.py --profile cpu --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from ladsd.agent import actions  # noqa: E402
+from ladsd.agent.prompt import system_prompt, user_prompt  # noqa: E402
+from ladsd.workloads import trace as tr  # noqa: E402
+from web_catalog.tasks import load_tasks  # noqa: E402
+
+TRACE = ROOT / "traces" / "smollm2-16tasks.jsonl"
+RESULTS = ROOT / "bench" / "results" / "serve"
+START_TIMEOUT_S = 600.0  # daemon start-up (engine build, kappa): generous on a loaded machine
+TURN_TIMEOUT_S = 600.0  # hang guard per request
+console = Console()
+
+
+# ---- the workload: the trace's turns as chat messages -------------------------------
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model call of a workflow: what the client appends before sending it."""
+
+    turn: int
+    append: tuple[dict[str, Any], ...]  # messages after the previous reply
+    prompt_len: int  # recorded prompt length (tokens)
+    output_tokens: int  # recorded output length (forced)
+    tool_seconds: float  # wait before this turn (the tool's recorded service time)
+
+
+@dataclass(frozen=True)
+class Flow:
+    wid: str
+    arrival: float  # seconds after the run's start
+    turns: tuple[Turn, ...]
+
+
+def build_flows(trace: tr.Trace, seed: int, spread_s: float, tool_scale: float) -> list[Flow]:
+    """The trace's workflows as chat turns; arrivals seeded as ``ladsd replay`` does."""
+    rng = random.Random(f"captured/{seed}")
+    tasks = {t.task_id: t for t in load_tasks()}
+    flows = []
+    for w in trace.workflows:
+        task = tasks[w.task_id]
+        opened: set[int] = set()
+        read: set[int] = set()
+        turns = []
+        for c in w.calls:
+            o = c.observation
+            if o is None:
+                append: tuple[dict[str, Any], ...] = (
+                    {"role": "system", "content": system_prompt()},
+                    {"role": "user", "content": user_prompt(task)},
+                )
+            else:
+                if o.ok and o.tool is not None:
+                    pid = int(o.args["product_id"])
+                    (opened if o.tool == "open" else read).add(pid)
+                note = actions.progress_note(opened, read, w.product_ids)
+                append = ({"role": "tool", "content": o.text}, {"role": "user", "content": note})
+                if not trace.header.agent.get("progress_note", True):
+                    append = append[:1]
+            turns.append(
+                Turn(
+                    turn=c.turn,
+                    append=append,
+                    prompt_len=len(c.prompt_ids),
+                    output_tokens=max(1, len(c.output_ids)),
+                    tool_seconds=(o.tool_seconds * tool_scale) if o else 0.0,
+                )
+            )
+        flows.append(Flow(w.workflow, rng.uniform(0.0, spread_s), tuple(turns)))
+    return flows
+
+
+def check_tokens(trace: tr.Trace, flows: list[Flow]) -> None:
+    """Every recorded prompt is the chat template of the messages (recorded outputs in
+    place of the daemon's): the messages ask for exactly the recorded tokens."""
+    from transformers import AutoTokenizer
+
+    from ladsd.agent.prompt import ChatML
+    from ladsd.engine import models
+
+    tok = AutoTokenizer.from_pretrained(str(models.model_path("smollm2-135m")))
+    chat = ChatML(tok)
+    for w, f in zip(trace.workflows, flows, strict=True):
+        msgs: list[dict[str, Any]] = []
+        ids: list[int] = []
+        for c, t in zip(w.calls, f.turns, strict=True):
+            if c.turn == 0:
+                msgs = list(t.append)
+                ids = chat.turn("system", msgs[0]["content"]) + chat.turn(
+                    "user", msgs[1]["content"]
+                )
+                ids += chat.header()
+            else:
+                prev = w.calls[c.turn - 1]
+                ids = chat.history(prev.prompt_ids, prev.output_ids)
+                note = t.append[1]["content"] if len(t.append) > 1 else None
+                ids += chat.tool_turn(t.append[0]["content"].encode(), note)
+            if tuple(ids) != c.prompt_ids:
+                raise SystemExit(
+                    f"{w.workflow} call {c.turn}: the chat messages do not give the recorded "
+                    "prompt tokens"
+                )
+
+
+# ---- one daemon ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Daemon:
+    """``ladsd serve`` as a subprocess; its output goes to a log file."""
+
+    policy: str
+    args: list[str]
+    log_dir: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    def command(self) -> list[str]:
+        exe = [sys.executable, "-c", "from cli.main import app; app()"]
+        return [*exe, "serve", "--port", str(self.port), "--policy", self.policy, *self.args]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self, http: aiohttp.ClientSession) -> None:
+        self.log_path = self.log_dir / f"serve-{self.policy}-{self.port}.log"
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.command(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(
+                    f"ladsd serve exited ({self.proc.returncode}); see {self.log_path}"
+                )
+            try:
+                async with http.get(f"{self.url}/health") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.5)
+        self.stop()
+        raise SystemExit(f"ladsd serve did not answer /health in {START_TIMEOUT_S:.0f} s")
+
+    def stop(self) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGINT)  # clean shutdown: lease audit
+        try:
+            return self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+# ---- the replay over HTTP -------------------------------------------------------
+
+
+@dataclass
+class TurnResult:
+    workflow: str
+    turn: int
+    sent: float  # seconds after the run's start
+    latency_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    recorded_prompt_tokens: int
+    finish_reason: str | None
+
+
+def chat_body(msgs: list[dict[str, Any]], t: Turn, model: str | None) -> dict[str, Any]:
+    """A plain OpenAI chat request, with vLLM's extra sampling fields forcing the
+    recorded output length (as ``ladsd replay`` does) so both policies do the same work."""
+    body: dict[str, Any] = {
+        "messages": msgs,
+        "max_tokens": t.output_tokens,
+        "min_tokens": t.output_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+async def replay_flow(
+    http: aiohttp.ClientSession, url: str, flow: Flow, tag: str, t0: float, model: str | None
+) -> list[TurnResult]:
+    await asyncio.sleep(max(0.0, t0 + flow.arrival - time.monotonic()))
+    session = f"{tag}-{flow.wid}"
+    msgs: list[dict[str, Any]] = []
+    out: list[TurnResult] = []
+    for t in flow.turns:
+        if t.tool_seconds > 0:
+            await asyncio.sleep(t.tool_seconds)
+        msgs.extend(t.append)
+        sent = time.monotonic()
+        async with http.post(
+            f"{url}/v1/chat/completions",
+            json=chat_body(msgs, t, model),
+            headers={"x-session-id": session},
+            timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT_S),
+        ) as r:
+            data = await r.json()
+            if r.status != 200:
+                raise RuntimeError(f"{session} turn {t.turn}: HTTP {r.status}: {data}")
+        latency = time.monotonic() - sent
+        choice = data["choices"][0]
+        msg = choice["message"]
+        msgs.append({k: v for k, v in msg.items() if v is not None})  # as the daemon said it
+        usage = data["usage"]
+        details = usage.get("prompt_tokens_details") or {}
+        out.append(
+            TurnResult(
+                workflow=flow.wid,
+                turn=t.turn,
+                sent=sent - t0,
+                latency_s=latency,
+                prompt_tokens=int(usage["prompt_tokens"]),
+                cached_tokens=int(details.get("cached_tokens") or 0),
+                completion_tokens=int(usage["completion_tokens"]),
+                recorded_prompt_tokens=t.prompt_len,
+                finish_reason=choice.get("finish_reason"),
+            )
+        )
+    return out
+
+
+async def one_run(
+    policy: str, flows: list[Flow], args: argparse.Namespace, log_dir: Path, tag: str
+) -> dict[str, Any]:
+    d = Daemon(policy, args.serve_args, log_dir)
+    async with aiohttp.ClientSession() as http:
+        await d.start(http)
+        try:
+            t0 = time.monotonic() + 0.5
+            per_flow = await asyncio.gather(
+                *(replay_flow(http, d.url, f, tag, t0, args.model) for f in flows)
+            )
+            makespan = time.monotonic() - t0
+            state = await fetch_json(http, f"{d.url}/v1/engine/state")
+        finally:
+            rc = d.stop()
+    turns = [t for fl in per_flow for t in fl]
+    return {
+        "policy": policy,
+        "tag": tag,
+        "command": d.command(),
+        "log": str(d.log_path),
+        "exit_code": rc,
+        "makespan_s": makespan,
+        "engine_state": state,
+        "summary": summarize(turns, per_flow),
+        "turns": [t.__dict__ for t in turns],
+    }
+
+
+async def fetch_json(http: aiohttp.ClientSession, url: str) -> Any:
+    try:
+        async with http.get(url) as r:
+            return await r.json() if r.status == 200 else {"status": r.status}
+    except aiohttp.ClientError as e:
+        return {"error": str(e)}
+
+
+def summarize(turns: list[TurnResult], per_flow: list[list[TurnResult]]) -> dict[str, float]:
+    conts = [t for t in turns if t.turn > 0]
+    wf = [fl[-1].sent + fl[-1].latency_s - fl[0].sent for fl in per_flow if fl]
+    return {
+        "turns": len(turns),
+        "mean_turn_s": statistics.fmean(t.latency_s for t in turns),
+        "mean_continuation_s": statistics.fmean(t.latency_s for t in conts) if conts else 0.0,
+        "p95_turn_s": _pct([t.latency_s for t in turns], 0.95),
+        "mean_workflow_s": statistics.fmean(wf) if wf else 0.0,
+        "prompt_tokens": sum(t.prompt_tokens for t in turns),
+        "cached_tokens": sum(t.cached_tokens for t in turns),
+        "continuation_cached_share": (
+            sum(t.cached_tokens for t in conts) / max(1, sum(t.prompt_tokens for t in conts))
+        ),
+        "prompt_mismatches": sum(t.prompt_tokens != t.recorded_prompt_tokens for t in turns),
+    }
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else 0.0
+
+
+# ---- reporting -------------------------------------------------------------------
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(xs),
+        "min": min(xs),
+        "max": max(xs),
+        "stdev": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+    }
+
+
+def report(runs: list[dict[str, Any]], policies: list[str]) -> dict[str, Any]:
+    by = {p: [r for r in runs if r["policy"] == p] for p in policies}
+    keys = ("mean_turn_s", "mean_continuation_s", "mean_workflow_s", "cached_tokens")
+    out: dict[str, Any] = {
+        p: {k: spread([r["summary"][k] for r in rs]) for k in keys} for p, rs in by.items() if rs
+    }
+    base, test = policies[-1], policies[0]  # lads vs fifo: ratio = lads / fifo
+    pairs = list(zip(by[test], by[base], strict=False))
+    if pairs:
+        out["ratio"] = {
+            "of": f"{test}/{base}",
+            "mean_turn_s": spread(
+                [a["summary"]["mean_turn_s"] / b["summary"]["mean_turn_s"] for a, b in pairs]
+            ),
+            "mean_continuation_s": spread(
+                [
+                    a["summary"]["mean_continuation_s"] / b["summary"]["mean_continuation_s"]
+                    for a, b in pairs
+                ]
+            ),
+            "cached_tokens": spread(
+                [
+                    a["summary"]["cached_tokens"] / max(1, b["summary"]["cached_tokens"])
+                    for a, b in pairs
+                ]
+            ),
+        }
+    return out
+
+
+def print_table(runs: list[dict[str, Any]], agg: dict[str, Any]) -> None:
+    t = Table(title="ladsd serve: captured trace over HTTP (per run)")
+    for col in (
+        "repeat",
+        "policy",
+        "mean turn s",
+        "mean cont. s",
+        "p95 turn s",
+        "workflow s",
+        "makespan s",
+        "cached tok",
+        "cached share",
+    ):
+        t.add_column(col, justify="right")
+    for r in runs:
+        s = r["summary"]
+        t.add_row(
+            r["tag"].split("-")[0],
+            r["policy"],
+            f"{s['mean_turn_s']:.3f}",
+            f"{s['mean_continuation_s']:.3f}",
+            f"{s['p95_turn_s']:.3f}",
+            f"{s['mean_workflow_s']:.2f}",
+            f"{r['makespan_s']:.2f}",
+            f"{s['cached_tokens']:,}",
+            f"{s['continuation_cached_share']:.1%}",
+        )
+    console.print(t)
+    if "ratio" in agg:
+        ra = agg["ratio"]
+        for k in ("mean_turn_s", "mean_continuation_s", "cached_tokens"):
+            x = ra[k]
+            console.print(
+                f"{ra['of']} {k}: {x['mean']:.3f} (min {x['min']:.3f}, max {x['max']:.3f}, "
+                f"stdev {x['stdev']:.3f})"
+            )
+
+
+def git_commit() -> dict[str, Any]:
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "-uno"))}
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--profile", default="cpu", help="ladsd serve --profile")
+    ap.add_argument("--policies", default="lads,fifo", help="first is compared to the last")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1, help="arrival seed (repeat k uses seed + k)")
+    ap.add_argument("--spread", type=float, default=2.0, help="arrivals uniform in [0, spread] s")
+    ap.add_argument("--tool-scale", type=float, default=1.0, help="x recorded tool seconds")
+    ap.add_argument("--workflows", type=int, default=0, help="first N workflows (0: all)")
+    ap.add_argument("--model", default=None, help="'model' field of the requests")
+    ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--no-check", action="store_true", help="skip the token-exactness check")
+    ap.add_argument("serve_args", nargs="*", help="more `ladsd serve` flags (after --)")
+    args = ap.parse_args()
+    args.serve_args = ["--profile", args.profile, *args.serve_args]
+    policies = args.policies.split(",")
+    trace = tr.load(args.trace)
+    if args.workflows:
+        trace = tr.Trace(trace.header, trace.workflows[: args.workflows])
+    if not args.no_check:
+        check_tokens(trace, build_flows(trace, args.seed, args.spread, args.tool_scale))
+    log_dir = Path(tempfile.mkdtemp(prefix="ladsd-bench-serve-"))
+    runs = []
+    for k in range(args.repeats):
+        flows = build_flows(trace, args.seed + k, args.spread, args.tool_scale)
+        order = policies[k % len(policies) :] + policies[: k % len(policies)]
+        for p in order:
+            console.print(f"[dim]repeat {k + 1}/{args.repeats}: {p} ...[/dim]")
+            runs.append(await one_run(p, flows, args, log_dir, f"r{k + 1}-{p}"))
+    agg = report(runs, policies)
+    print_table(runs, agg)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    doc = {
+        "bench": "serve",
+        "created": stamp,
+        "git": git_commit(),
+        "profile": args.profile,
+        "flags": {
+            "argv": sys.argv[1:],
+            "serve_args": args.serve_args,
+            "policies": policies,
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "spread_s": args.spread,
+            "tool_scale": args.tool_scale,
+            "workflows": len(trace.workflows),
+            "trace": str(
+                args.trace.relative_to(ROOT) if args.trace.is_relative_to(ROOT) else args.trace
+            ),
+        },
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "aggregate": agg,
+        "runs": runs,
+    }
+    out = args.out or RESULTS / f"serve-{args.profile}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    console.print(f"[dim]results: {out}; daemon logs: {log_dir}[/dim]")
+    print(orjson.dumps({"bench": "serve", "out": str(out), "git": doc["git"], **agg}).decode())
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
