@@ -101,7 +101,9 @@ def model_list() -> None:
     """List the model profiles and whether they are prepared."""
     from ladsd.engine import models
 
-    t = Table("profile", "weights", "description", "path")
+    t = Table("profile", "weights")
+    for col in ("description", "path"):
+        t.add_column(col, overflow="fold")  # long words wrap instead of being cut
     for name, prof in models.PROFILES.items():
         try:
             path = str(models.model_path(name))
