@@ -101,7 +101,9 @@ def model_list() -> None:
     """List the model profiles and whether they are prepared."""
     from ladsd.engine import models
 
-    t = Table("profile", "weights")
+    t = Table()
+    t.add_column("profile", no_wrap=True)
+    t.add_column("weights")
     for col in ("description", "path"):
         t.add_column(col, overflow="fold")  # long words wrap instead of being cut
     for name, prof in models.PROFILES.items():
