@@ -91,7 +91,7 @@ class Runtime:
         self.state_bytes = 0  # engine states received (loop thread)
         self.audit: dict[str, float] | None = None
         self._waiting: dict[ContinuationId, _Waiting] = {}
-        self._batch: list[tuple[Any, asyncio.Future]] = []
+        self._batch: list[tuple[HistoryNotice, Any, asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
 
     async def start(self) -> Runtime:
@@ -151,9 +151,7 @@ class Runtime:
             payload_bytes=prep.item.payload_bytes,
         )
         try:
-            # The lease provider sees the result before the sender does (spec 3.2).
-            await self.engine.notice(notice)
-            ticket = await self._offer(prep)
+            ticket = await self._offer(notice, prep)
             # Registration precedes the ack, so a received ticket means registered;
             # a failed ticket (rejects, drops, policy error) ends the wait with its error.
             await asyncio.wait({registered, ticket.received}, return_when=FIRST_COMPLETED)
@@ -175,15 +173,17 @@ class Runtime:
             frame_bytes=prep.item.frame_bytes,
         )
 
-    async def _offer(self, prep: Any) -> Any:
+    async def _offer(self, notice: HistoryNotice, prep: Any) -> Any:
         """Offer a ready result; results ready in the same loop turn go in one batch.
 
-        A cohort's results become ready together; offering them as one batch lets
-        the policy choose among all of them instead of committing the first four
-        in arrival order.
+        A burst's results become ready together. The batch's notices all reach the
+        lease provider first (spec 3.2: it sees a result before the sender does),
+        then one engine state taken after them reaches the sender, and then the
+        whole batch is offered at once: the policy's first decision of the burst
+        sees every result of it, with the leases granted for them.
         """
         fut = asyncio.get_running_loop().create_future()
-        self._batch.append((prep, fut))
+        self._batch.append((notice, prep, fut))
         if len(self._batch) == 1:
             asyncio.get_running_loop().call_soon(self._flush)
         return await fut
@@ -193,15 +193,18 @@ class Runtime:
 
         async def go() -> None:
             try:
+                for notice, _, _ in batch:
+                    self.engine.notice(notice)
+                self._on_state(await self.engine.state(check=False))
                 tickets = await self.sender.offer_many(
-                    [(p.item, p.payload) for p, _ in batch], codec=self.link.codec
+                    [(p.item, p.payload) for _, p, _ in batch], codec=self.link.codec
                 )
             except Exception as e:
-                for _, fut in batch:
+                for _, _, fut in batch:
                     if not fut.done():
                         fut.set_exception(e)
                 return
-            for (_, fut), t in zip(batch, tickets, strict=True):
+            for (_, _, fut), t in zip(batch, tickets, strict=True):
                 if not fut.done():
                     fut.set_result(t)
 

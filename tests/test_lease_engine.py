@@ -42,7 +42,7 @@ async def test_leased_prefix_survives_flood_and_hands_off(model_ready):
         notice = HistoryNotice(cid, tuple(leased), "pd", "yd", now, 500)
 
         eng.inventory(inv)
-        await eng.notice(notice)
+        eng.notice(notice)
         state = await eng.state()  # after the integrity check
         rec = state.lease_for(cid)
         assert rec is not None and len(rec.protected_blocks) == 10

@@ -71,7 +71,9 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class State:
-    """Reply: a fresh ``EngineState`` after the integrity check."""
+    """Reply: a fresh ``EngineState`` (after the integrity check if ``check``)."""
+
+    check: bool = True
 
 
 @dataclass(frozen=True)

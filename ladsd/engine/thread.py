@@ -269,9 +269,9 @@ class EngineThread:
             if self._error is None:
                 self._put(cmd.Abort(request_id))
 
-    async def notice(self, n: HistoryNotice) -> None:
-        """A result is ready: returns once the lease provider has seen its history."""
-        await self._ask(cmd.Notice(n))
+    def notice(self, n: HistoryNotice) -> None:
+        """A result is ready: queued ahead of everything asked of the engine after it."""
+        self._put(cmd.Notice(n))
 
     async def require(self, n: HistoryNotice) -> str | None:
         """Lease ``n``'s history now if the budget can hold it: None, else why not."""
@@ -286,9 +286,12 @@ class EngineThread:
     async def snapshot(self) -> PoolSnapshot:
         return await self._ask(cmd.Snapshot())
 
-    async def state(self) -> EngineState:
-        """A fresh lease state after the integrity check."""
-        return await self._ask(cmd.State())
+    async def state(self, check: bool = True) -> EngineState:
+        """A fresh lease state (after the integrity check unless ``check`` is False).
+
+        It reflects every command sent before it (one queue, handled in order).
+        """
+        return await self._ask(cmd.State(check))
 
     async def resident(self, token_ids: Sequence[int]) -> int:
         return await self._ask(cmd.Resident(tuple(token_ids)))
@@ -504,8 +507,9 @@ class EngineThread:
                 s.lease_tick()
             case cmd.Snapshot():
                 return self._pool()
-            case cmd.State():
-                s.check_integrity()
+            case cmd.State(check):
+                if check:
+                    s.check_integrity()
                 return s.lease_state()
             case cmd.Resident(ids):
                 return s.lease_resident(list(ids))

@@ -1,0 +1,69 @@
+"""The runtime on the real engine and link: a burst is offered whole, after its notices."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from ladsd import clock
+from ladsd.config import PROFILES
+from ladsd.delivery.fifo import Fifo
+from ladsd.delivery.policy import Pending, SenderView
+from ladsd.engine.params import forced
+from ladsd.engine.thread import EngineThread
+from ladsd.records import ContinuationId
+from ladsd.runtime import Runtime
+
+pytestmark = [pytest.mark.engine]
+SMOKE = PROFILES["smoke"]
+BURST = 6
+
+
+class Watcher(Fifo):
+    """FIFO that records what each decision saw: pending ids and announced residency."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[set[ContinuationId], set[ContinuationId]]] = []
+
+    def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending:
+        st = view.state
+        known = {p.cid for p in pending if st is not None and st.resident_blocks(p.cid) is not None}
+        self.seen.append(({p.cid for p in pending}, known))
+        return super().choose(pending, view, now)
+
+
+async def test_a_burst_is_seen_whole_by_the_first_decision(model_ready):
+    policy = Watcher()
+    async with EngineThread(SMOKE.engine, SMOKE.lease) as eng:
+        rt = await Runtime(eng, policy, SMOKE.link).start()
+        try:
+            prompts = [[100 + (7 * i + k) % 3000 for k in range(96)] for i in range(BURST)]
+            cids = [ContinuationId(f"w{i}", 0) for i in range(BURST)]
+            colds = await asyncio.gather(
+                *(rt.cold(p, forced(2), cid=c) for p, c in zip(prompts, cids, strict=True))
+            )
+            hist = [p + list(o.completion.token_ids) for p, o in zip(prompts, colds, strict=True)]
+            # Every result of the burst becomes ready in the same loop turn.
+            burst = [ContinuationId(f"w{i}", 1) for i in range(BURST)]
+            await asyncio.gather(
+                *(
+                    rt.resume(
+                        cid,
+                        h,
+                        b"x" * (50 * (i + 1)),
+                        lambda obs, h=h: h + [300 + b % 50 for b in obs[:16]],
+                        forced(2),
+                        workflow_arrival=clock.now(),
+                    )
+                    for i, (cid, h) in enumerate(zip(burst, hist, strict=True))
+                )
+            )
+            assert (await rt.finish())["refs_added"] == rt.audit["refs_released"]
+        finally:
+            await rt.close()
+    first_pending, first_known = policy.seen[0]
+    assert first_pending == set(burst)  # the whole burst, not the first result alone
+    assert first_known == set(burst)  # and the engine had seen every notice before it
