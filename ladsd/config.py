@@ -104,6 +104,12 @@ class Profile:
     lease: LeaseConfig
     workload: WorkloadConfig
     notes: str = ""
+    # Size the KV pool and H per workload by the paper's ratios (ladsd.workloads.sizing).
+    pool_rule: bool = False
+    # Calibration's kappa (s): runs scale the link rate by kappa_ref / kappa, keeping
+    # the calibrated link/engine ratio on a faster or slower machine (time dilation,
+    # recorded in every run file).
+    kappa_ref_s: float | None = None
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def with_(self, **kw) -> Profile:
@@ -111,6 +117,8 @@ class Profile:
 
 
 PAPER_WORKLOAD = WorkloadConfig()  # spec section 5 at paper scale
+# kappa (one 512-token step) of the cpu profile's engine when it was calibrated.
+CPU_KAPPA_REF_S = 0.02
 
 PROFILES: dict[str, Profile] = {
     "paper": Profile(
@@ -129,6 +137,26 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         name="cpu",
         engine=EngineConfig(
+            model="smollm2-shape-2l",
+            max_model_len=8192,
+            block_size=32,
+            num_gpu_blocks_override=2300,  # replaced per workload by the pool rule
+        ),
+        link=LinkConfig(rate_bytes_per_s=4000.0),
+        lease=LeaseConfig(headroom_blocks=382, lease_lifetime_s=8.0),
+        workload=WorkloadConfig(
+            history_tokens=(2048, 3072, 5120, 5632),
+            context_tokens=8192,
+            output_tokens=64,
+        ),
+        notes="1/4 token scale, SmolLM2 shape with 2 layers, calibrated with "
+        "bench/calibrate.py; pool and H by the paper's ratios per workload (README).",
+        pool_rule=True,
+        kappa_ref_s=CPU_KAPPA_REF_S,
+    ),
+    "cpu-eighth": Profile(
+        name="cpu-eighth",
+        engine=EngineConfig(
             model="smollm2-shape-6l",
             max_model_len=4096,
             block_size=32,
@@ -146,7 +174,7 @@ PROFILES: dict[str, Profile] = {
             context_tokens=4096,
             output_tokens=64,
         ),
-        notes="1/8 token scale, calibrated with bench/calibrate.py (see README).",
+        notes="The earlier 1/8 token scale (bench/results/cpu-eighth was run with it).",
     ),
     "smoke": Profile(
         name="smoke",

@@ -90,6 +90,7 @@ class Runtime:
         self.timeline = Timeline()
         self.state_bytes = 0  # engine states received (loop thread)
         self.audit: dict[str, float] | None = None
+        self.dilation = 1.0  # link rate = profile rate / dilation (see dilation())
         self._waiting: dict[ContinuationId, _Waiting] = {}
         self._batch: list[tuple[HistoryNotice, Any, asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
@@ -279,6 +280,17 @@ def engine_for(profile: Profile, policy: str) -> Profile:
     return replace(profile, engine=replace(profile.engine, num_gpu_blocks_override=blocks))
 
 
+def dilation(profile: Profile, kappa: float) -> float:
+    """How much slower this engine is than at calibration (1.0 without a reference).
+
+    The link rate is divided by it, so the link/engine time ratio stays the
+    calibrated one on a machine twice as fast or twice as slow.
+    """
+    if profile.kappa_ref_s is None or kappa <= 0:
+        return 1.0
+    return kappa / profile.kappa_ref_s
+
+
 def policy_for(profile: Profile, name: str) -> Policy:
     """The delivery policy ``name`` with the profile's lease knobs (theta, record age).
 
@@ -303,7 +315,11 @@ async def open_runtime(
     pol = policy_for(prof, policy)
     lease = replace(prof.lease, enabled=prof.lease.enabled and pol.uses_leases)
     async with EngineThread(prof.engine, lease) as eng:
-        rt = await Runtime(eng, pol, link or prof.link).start()
+        d = dilation(prof, eng.kappa)
+        link = link or prof.link
+        link = replace(link, rate_bytes_per_s=link.rate_bytes_per_s / d)
+        rt = await Runtime(eng, pol, link).start()
+        rt.dilation = d
         try:
             yield rt
             await rt.finish()

@@ -82,6 +82,18 @@ PROFILES: dict[str, ModelProfile] = {
         "SmolLM2-135M config with 6 of 30 layers, dummy weights (CPU replay, calibrated)",
         _llama_shape(6, 576, 9, 3, 1536),
     ),
+    "smollm2-shape-2l": ModelProfile(
+        "smollm2-shape-2l",
+        True,
+        "SmolLM2-135M config with 2 of 30 layers, dummy weights (cpu profile, calibrated)",
+        _llama_shape(2, 576, 9, 3, 1536),
+    ),
+    "smollm2-shape-3l": ModelProfile(
+        "smollm2-shape-3l",
+        True,
+        "SmolLM2-135M config with 3 of 30 layers, dummy weights (calibration probe)",
+        _llama_shape(3, 576, 9, 3, 1536),
+    ),
     "smollm2-shape-8l": ModelProfile(
         "smollm2-shape-8l",
         True,

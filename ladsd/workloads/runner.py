@@ -9,6 +9,7 @@ to the spec's lengths. The run ends with the lease audit.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import platform
 from collections.abc import Callable, Coroutine, Iterable
@@ -28,6 +29,7 @@ from ladsd.metrics.events import (
 )
 from ladsd.records import ContinuationId
 from ladsd.runtime import CallOutcome, Runtime, engine_for, open_runtime
+from ladsd.workloads import sizing
 from ladsd.workloads.cohort import Cohorts
 from ladsd.workloads.spec import WorkflowSpec, Workload
 
@@ -45,6 +47,17 @@ class RunFailed(RuntimeError):
     def __init__(self, msg: str, audit: dict[str, float] | None = None) -> None:
         super().__init__(msg)
         self.audit = audit
+
+
+@functools.cache
+def tool_tokens(model: str) -> Callable[[bytes], int]:
+    """Tokens of an observation as its tool message, with ``model``'s tokenizer."""
+    from transformers import AutoTokenizer
+
+    from ladsd.engine import models
+
+    render = tool_message(AutoTokenizer.from_pretrained(str(models.model_path(model))))
+    return lambda obs: len(render(obs))
 
 
 def tool_message(tokenizer: Any) -> Callable[[bytes], list[int]]:
@@ -78,6 +91,8 @@ async def run(
             f"unknown policy {policy_name!r}; choose from {', '.join(REPLAY_POLICIES)}"
         )
     prof = engine_for(profile, policy_name)
+    if prof.pool_rule and policy_name != "infinite-cache":
+        prof = sizing.sized(prof, workload, tool_tokens(prof.engine.model))
     link = prof.link
     if workload.rate_bytes_per_s is not None:
         link = replace(link, rate_bytes_per_s=workload.rate_bytes_per_s)
@@ -173,7 +188,7 @@ async def _run(
         ),
         lease_samples=samples,
         counters=counters,
-        meta=_meta(prof, eng, wl),
+        meta=_meta(prof, rt, wl),
     )
 
 
@@ -259,20 +274,45 @@ def inputs_dict(wl: Workload) -> dict[str, Any]:
     }
 
 
-def _meta(prof: Profile, eng: Any, wl: Workload) -> dict[str, Any]:
+def _meta(prof: Profile, rt: Runtime, wl: Workload) -> dict[str, Any]:
     import vllm
 
     from ladsd.config import has_cuda
 
+    eng = rt.engine
     return {
         "machine": f"{platform.machine()} {os.cpu_count()} cpus"
         + (" + cuda" if has_cuda() else ""),
         "vllm": vllm.__version__,
+        "git": git_commit(),
         "kappa_s": eng.kappa,
+        "dilation": rt.dilation,
+        "link_rate_bytes_per_s": rt.link.rate_bytes_per_s,
         "engine_startup_s": eng.startup_s,
         "profile": _profile_dict(prof),
         "inputs": inputs_dict(wl),
     }
+
+
+@functools.cache
+def git_commit() -> str:
+    """The checkout's commit, with ``+dirty`` when tracked files differ ("unknown" outside git)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(
+            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def _profile_dict(prof: Profile) -> dict[str, Any]:
