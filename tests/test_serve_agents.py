@@ -3,25 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
-from ladsd.config import PROFILES
-from ladsd.runtime import open_runtime
 from ladsd.serve import agents
-from ladsd.serve.agents import DEFAULT_AGENT, ApiError, parse_agent, parse_run
+from ladsd.serve.agents import DEFAULT_AGENT, parse_agent, parse_run
+from ladsd.serve.errors import ApiError
+from ladsd.serve.events import EventHub
 from web_catalog import source
 from web_catalog.build import build
 from web_catalog.db import Catalog, open_catalog
 from web_catalog.tasks import load_tasks
 
+ROOT = Path(__file__).resolve().parents[1]
 HANG_S = 300  # hang guard only (a tiny-model run takes seconds)
 
 
@@ -104,16 +109,13 @@ def test_agent_settings_override_defaults():
     assert cfg.max_tokens == DEFAULT_AGENT.max_tokens
 
 
-def test_error_body_is_openai_shaped():
-    resp = ApiError(404, "no such", param="task_id", code="task_not_found").response()
-    assert resp.status == 404
-    assert orjson.loads(resp.body) == {
-        "error": {
-            "message": "no such",
-            "type": "invalid_request_error",
-            "param": "task_id",
-            "code": "task_not_found",
-        }
+def test_errors_are_the_daemons_openai_shaped_ones(db):
+    e = refused({"task_id": "shop-99"}, db)
+    assert e.body()["error"] == {
+        "message": e.message,
+        "type": "not_found_error",
+        "param": "task_id",
+        "code": "task_not_found",
     }
 
 
@@ -121,28 +123,76 @@ def test_sse_frame():
     assert agents._sse(3, "step", {"a": 1}) == b'id: 3\nevent: step\ndata: {"a":1}\n\n'
 
 
-# ---- runs over the real engine and link (smoke profile, in process) -----------
+# ---- runs through a real `ladsd serve` (smoke profile, tiny model, LADS) -------------
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def api(model_ready, db):
-    """The agent endpoints on a Runtime like the daemon's: smoke profile, LADS."""
-    async with open_runtime(PROFILES["smoke"], "lads") as rt:
-        daemon = SimpleNamespace(rt=rt, engine=rt.engine, catalog=db, app=web.Application())
-        runs = agents.install(daemon)
-        server = TestServer(daemon.app, host="127.0.0.1")
-        await server.start_server()
-        async with aiohttp.ClientSession(str(server.make_url(""))) as http:
-            yield http, runs
-        await server.close()  # runs the app's shutdown: cancels what is still running
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def daemon_url(model_ready, tmp_path_factory) -> Iterator[str]:
+    """``ladsd serve`` as a subprocess; its own LADSD_HOME holds a fresh catalog and
+    the prepared models (a link). Stopped with SIGTERM: exit 0 means the audit balanced."""
+    from ladsd.engine import models
+
+    if not source.DEFAULT_SOURCE.is_dir():
+        pytest.skip(f"shared fixtures not found at {source.DEFAULT_SOURCE}")
+    home = tmp_path_factory.mktemp("ladsd-home")
+    (home / "models").symlink_to(models.model_path("tiny").parent)
+    build(source.DEFAULT_SOURCE, home / "catalog.sqlite")
+    port = free_port()
+    cmd = [sys.executable, "-c", "from cli.main import app; app()", "serve"]
+    cmd += ["--profile", "smoke", "--model", "tiny", "--policy", "lads", "--port", str(port)]
+    env = {**os.environ, "LADSD_HOME": str(home)}
+    with open(home / "serve.out", "wb") as log:  # the child keeps its own copy of the fd
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        asyncio.run(wait_healthy(proc, url))
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(HANG_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    out = (home / "serve.out").read_text(errors="replace")
+    assert rc == 0, f"ladsd serve exited {rc}:\n{out[-3000:]}"
+
+
+async def wait_healthy(proc: subprocess.Popen, url: str) -> None:
+    async with asyncio.timeout(HANG_S), aiohttp.ClientSession() as http:
+        while True:
+            assert proc.poll() is None, f"ladsd serve exited with {proc.returncode}"
+            try:
+                async with http.get(f"{url}/health") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.3)
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def http(daemon_url):
+    async with aiohttp.ClientSession(daemon_url) as session:
+        yield session
+
+
+async def get_run(http: aiohttp.ClientSession, run_id: str) -> dict:
+    async with http.get(f"/v1/agent/runs/{run_id}") as r:
+        assert r.status == 200
+        return await r.json()
 
 
 async def wait_done(http: aiohttp.ClientSession, run_id: str) -> dict:
     async with asyncio.timeout(HANG_S):
         while True:
-            async with http.get(f"/v1/agent/runs/{run_id}") as r:
-                assert r.status == 200
-                view = await r.json()
+            view = await get_run(http, run_id)
             if view["status"] in ("completed", "failed", "cancelled"):
                 return view
             await asyncio.sleep(0.2)
@@ -167,8 +217,7 @@ RUN = {"task_id": "shop-01", "agent": {"step_limit": 3, "max_tokens": 48}}
 
 @pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="module")
-async def test_task_run_completes_with_steps_and_stage_times(api):
-    http, runs = api
+async def test_task_run_completes_with_steps_and_stage_times(http):
     async with http.post("/v1/agent/runs", json=RUN) as r:
         assert r.status == 201
         created = await r.json()
@@ -198,8 +247,7 @@ async def test_task_run_completes_with_steps_and_stage_times(api):
 
 @pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="module")
-async def test_events_stream_shows_the_steps(api):
-    http, _ = api
+async def test_events_stream_shows_the_steps(http):
     body = {"question": "Which bag is best?", "product_ids": [1, 2], "agent": RUN["agent"]}
     async with http.post("/v1/agent/runs", json=body) as r:
         assert r.status == 201
@@ -217,12 +265,21 @@ async def test_events_stream_shows_the_steps(api):
     async with http.get(f"/v1/agent/runs/{run_id}/events", headers={"Last-Event-ID": "1"}) as r:
         text = await r.text()
     assert text.startswith("id: 2\n") and "event: done" in text
+    # The daemon's outcome stream carries the run too (session id = run id).
+    seen = []
+    url = f"/v1/events?session_id={run_id}&backlog=1000"
+    async with asyncio.timeout(HANG_S), http.get(url) as r:
+        async for raw in r.content:
+            if raw.startswith(b"data: "):
+                seen.append(orjson.loads(raw[6:])["type"])
+                if seen[-1] == "agent_done":
+                    break
+    assert seen.count("agent_step") == len(steps) and seen[0] == "agent_status"
 
 
 @pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="module")
-async def test_bad_requests_over_http(api):
-    http, _ = api
+async def test_bad_requests_over_http(http):
     cases = [
         ({"task_id": "shop-99"}, 404, "task_not_found"),
         ({"nope": 1}, 400, None),
@@ -233,7 +290,7 @@ async def test_bad_requests_over_http(api):
             err = (await r.json())["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["code"] == code
     async with http.post("/v1/agent/runs", data=b"{not json") as r:
-        assert r.status == 400 and "invalid JSON" in (await r.json())["error"]["message"]
+        assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
     for method in ("GET", "DELETE"):
         async with http.request(method, "/v1/agent/runs/agent-0-none") as r:
             assert r.status == 404 and (await r.json())["error"]["code"] == "run_not_found"
@@ -241,13 +298,12 @@ async def test_bad_requests_over_http(api):
 
 @pytest.mark.engine
 @pytest.mark.asyncio(loop_scope="module")
-async def test_cancel_a_running_run(api):
-    http, runs = api
+async def test_cancel_a_running_run(http):
     body = {"task_id": "shop-02", "agent": {"step_limit": 32, "max_tokens": 48}}
     async with http.post("/v1/agent/runs", json=body) as r:
         run_id = (await r.json())["id"]
     async with asyncio.timeout(HANG_S):  # let it get going first
-        while not runs.runs[run_id].calls:
+        while not (await get_run(http, run_id))["steps"]:
             await asyncio.sleep(0.05)
     async with http.delete(f"/v1/agent/runs/{run_id}") as r:
         assert r.status == 200
@@ -265,7 +321,9 @@ async def test_cancel_a_running_run(api):
 async def test_runs_table_is_bounded():
     """Finished runs are evicted oldest first; too many active runs get 429."""
     gate = asyncio.Event()
-    runs = agents.AgentRuns(lambda: object(), lambda: None, max_runs=3, max_active=2)
+    hub = EventHub()
+    daemon = SimpleNamespace(draining=False, events=hub)
+    runs = agents.AgentRuns(daemon, max_runs=3, max_active=2)
 
     async def fake_drive(run):  # stands in for the agent loop
         run.status = "running"
@@ -285,3 +343,5 @@ async def test_runs_table_is_bounded():
     await asyncio.gather(c.job, d.job)
     await runs.shutdown()
     assert c.status == d.status == "completed"
+    kinds = [e["type"] for e in hub.backlog if e["session_id"] == c.id]
+    assert kinds == ["agent_status", "agent_done"]  # the daemon's outcome stream has them too

@@ -25,11 +25,9 @@ import itertools
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from ladsd import clock
@@ -39,6 +37,8 @@ from ladsd.agent.loop import AgentConfig, run_workflow
 from ladsd.clock import STAGES
 from ladsd.records import ContinuationId
 from ladsd.runtime import CallOutcome
+from ladsd.serve.app import dumps, json_response, open_sse, read_json
+from ladsd.serve.errors import ApiError
 from ladsd.workloads.trace import CallRecord, WorkflowRecord
 from web_catalog.db import Catalog
 from web_catalog.tasks import Task, TaskProduct, load_tasks
@@ -62,43 +62,6 @@ _AGENT_KEYS: dict[str, tuple[type, float, float]] = {
     "repeats": (bool, 0, 1),
     "progress_note": (bool, 0, 1),
 }
-
-
-class ApiError(Exception):
-    """A request the agents API refuses; becomes OpenAI-style error JSON."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = (
-            status,
-            message,
-            type,
-            param,
-            code,
-        )
-
-    def response(self) -> web.Response:
-        body = {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-        return _json(body, self.status)
-
-
-def _json(data: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
 # ---- request parsing ---------------------------------------------------------
@@ -352,27 +315,27 @@ class _RunBackend(LinkBackend):
 
 
 class AgentRuns:
-    """The bounded runs table and the HTTP handlers over it."""
+    """The bounded runs table and the HTTP handlers over it.
+
+    Reads the daemon at run time, not at construction (the runtime opens when
+    the engine starts): ``rt`` (the Runtime), ``catalog`` (None when not
+    built), ``live_engine()`` (503 while starting or after the engine died),
+    ``draining`` and ``events.publish(kind, session_id, **data)``.
+    """
 
     def __init__(
         self,
-        runtime: Callable[[], Any],
-        catalog: Callable[[], Catalog],
+        daemon: Any,
         *,
         tasks: list[Task] | None = None,
         max_runs: int = MAX_RUNS,
         max_active: int = MAX_ACTIVE,
-        publish: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         if not 1 <= max_active <= max_runs:
             raise ValueError("need 1 <= max_active <= max_runs")
-        # Getters, not values: the daemon opens its runtime (and may open its
-        # catalog) after construction, when the engine starts.
-        self.runtime = runtime
-        self.catalog = catalog
+        self.d = daemon
         self.tasks = {t.task_id: t for t in (tasks if tasks is not None else load_tasks())}
         self.max_runs, self.max_active = max_runs, max_active
-        self.publish = publish
         self.runs: OrderedDict[str, AgentRun] = OrderedDict()
         self._seq = itertools.count(1)
         self.closing = False
@@ -387,22 +350,31 @@ class AgentRuns:
             raise ApiError(404, f"no agent run {run_id!r}", param="id", code="run_not_found")
         return run
 
+    def catalog(self) -> Catalog:
+        cat = self.d.catalog
+        if cat is None:
+            raise ApiError(
+                503, "no catalog is built: run `ladsd catalog build`", code="catalog_missing"
+            )
+        return cat
+
     def start(self, req: RunRequest) -> AgentRun:
-        if self.closing:
-            raise ApiError(503, "the daemon is shutting down", type="server_error")
+        if self.closing or self.d.draining:
+            raise ApiError(503, "the daemon is shutting down", code="shutting_down")
         if self.active() >= self.max_active:
             raise ApiError(
                 429,
                 f"{self.max_active} agent runs are active; wait for one to end or cancel one",
-                type="rate_limit_error",
                 code="too_many_runs",
+                headers={"Retry-After": "1"},
             )
         while len(self.runs) >= self.max_runs:  # evict the oldest finished run
             oldest = next(rid for rid, r in self.runs.items() if r.done)
             del self.runs[oldest]
         # The id names the workflow, hence every engine request id and link frame
-        # of the run: unique per daemon (sequence) and not guessable across restarts.
-        rid = f"agent-{next(self._seq)}-{secrets.token_hex(3)}"
+        # of the run; "agent-" keeps it apart from chat session ids (clients
+        # choose those) only by convention, so a random part makes a clash unlikely.
+        rid = f"agent-{next(self._seq)}-{secrets.token_hex(4)}"
         task = req.task if req.task.task_id != "custom" else replace(req.task, task_id=rid)
         run = AgentRun(rid, task, req.agent, created=time.time(), t0=clock.now())
         self.runs[rid] = run
@@ -412,20 +384,28 @@ class AgentRuns:
 
     def _emit(self, run: AgentRun, kind: str, data: dict[str, Any]) -> None:
         run.emit(kind, data)
-        if self.publish is not None:
-            self.publish(f"agent.{kind}", {"run": run.id, **data})
+        # The daemon's outcome stream gets a compact copy (no page texts).
+        if kind == "step":
+            a, st = data["action"], data["stages"]
+            brief = {"turn": data["turn"], "action": a["name"], "product_id": a["product_id"]}
+            brief |= {"cached_tokens": data["cached_tokens"], "stages": st}
+        elif kind == "done":
+            brief = {k: data[k] for k in ("status", "termination", "steps", "error")}
+        else:
+            brief = dict(data)
+        self.d.events.publish(f"agent_{kind}", run.id, **brief)
 
     async def _drive(self, run: AgentRun) -> None:
         run.status = "running"
         self._emit(run, "status", {"status": "running"})
-        rt = self.runtime()
-        backend = _RunBackend(rt, rt.policy.name, run)
 
         def on_call(_: str, call: CallRecord) -> None:
             run.calls.append(call)
             self._emit(run, "step", call_view(call))
 
         try:
+            rt = self.d.rt
+            backend = _RunBackend(rt, rt.policy.name, run)
             rec = await run_workflow(
                 run.task,
                 backend,
@@ -474,57 +454,38 @@ class AgentRuns:
             self._end(run, "cancelled", None)
 
     async def shutdown(self, _app: web.Application | None = None) -> None:
-        """Cancel every active run and end every event stream (before the engine stops)."""
+        """Cancel every active run and end every run's stream (before the runtime closes)."""
         self.closing = True
         for run in list(self.runs.values()):
             await self.cancel(run)
             run.changed.set()
 
-    # ---- handlers
+    # ---- handlers (an ApiError becomes OpenAI's error body in the daemon's middleware)
     async def create(self, request: web.Request) -> web.Response:
-        try:
-            try:
-                body = orjson.loads(await request.read())
-            except orjson.JSONDecodeError as e:
-                raise ApiError(400, f"invalid JSON: {e}") from None
-            if self.runtime() is None:
-                raise ApiError(503, "the engine is not running", type="server_error")
-            run = self.start(parse_run(body, self.tasks, self.catalog()))
-        except ApiError as e:
-            return e.response()
-        return _json(run.view(), 201)
+        body = await read_json(request)
+        req = parse_run(body, self.tasks, self.catalog())
+        self.d.live_engine()  # 503 at once while the engine starts or after it died
+        return json_response(self.start(req).view(), 201)
 
     async def index(self, _: web.Request) -> web.Response:
         data = [r.summary() for r in self.runs.values()]
-        return _json({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
     async def show(self, request: web.Request) -> web.Response:
-        try:
-            return _json(self.get(request.match_info["id"]).view())
-        except ApiError as e:
-            return e.response()
+        return json_response(self.get(request.match_info["id"]).view())
 
     async def delete(self, request: web.Request) -> web.Response:
-        try:
-            run = self.get(request.match_info["id"])
-        except ApiError as e:
-            return e.response()
+        run = self.get(request.match_info["id"])
         await self.cancel(run)
-        return _json(run.view())
+        return json_response(run.view())
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         """SSE: every event of the run from the start (or after ``Last-Event-ID``),
         then live ones; ends after ``done``."""
-        try:
-            run = self.get(request.match_info["id"])
-        except ApiError as e:
-            return e.response()
+        run = self.get(request.match_info["id"])
         start = request.headers.get("Last-Event-ID", "")
         i = int(start) + 1 if start.isdigit() else 0
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await resp.prepare(request)
+        resp = await open_sse(request)
         while True:
             wake = run.changed  # taken before reading, so no event is missed
             while i < len(run.events):
@@ -542,26 +503,28 @@ class AgentRuns:
 
 
 def _sse(i: int, kind: str, data: dict[str, Any]) -> bytes:
-    return b"id: %d\nevent: %s\ndata: %s\n\n" % (i, kind.encode(), orjson.dumps(data))
+    """One event with its index as ``id`` (a client resumes with ``Last-Event-ID``)."""
+    return b"id: %d\nevent: %s\ndata: %s\n\n" % (i, kind.encode(), dumps(data))
 
 
-def routes(runs: AgentRuns) -> list[web.AbstractRouteDef]:
-    return [
-        web.post("/v1/agent/runs", runs.create),
-        web.get("/v1/agent/runs", runs.index),
-        web.get("/v1/agent/runs/{id}", runs.show),
-        web.delete("/v1/agent/runs/{id}", runs.delete),
-        web.get("/v1/agent/runs/{id}/events", runs.stream),
-    ]
+AGENTS: web.AppKey[AgentRuns] = web.AppKey("ladsd.agents", AgentRuns)
 
 
 def install(daemon: Any) -> AgentRuns:
-    """Add the agent-run endpoints to ``daemon.app`` (called by the Daemon at construction).
+    """Add the agent-run endpoints to ``daemon.app`` (the Daemon calls this at construction).
 
-    Uses ``daemon.rt`` (the Runtime: engine, link, policy) and ``daemon.catalog``;
-    runs are cancelled on the app's shutdown, before the runtime closes.
+    Active runs are cancelled on the app's shutdown, before the runtime closes.
     """
-    runs = AgentRuns(lambda: daemon.rt, lambda: daemon.catalog)
-    daemon.app.add_routes(routes(runs))
+    runs = AgentRuns(daemon)
+    daemon.app[AGENTS] = runs
+    daemon.app.add_routes(
+        [
+            web.post("/v1/agent/runs", runs.create),
+            web.get("/v1/agent/runs", runs.index),
+            web.get("/v1/agent/runs/{id}", runs.show),
+            web.delete("/v1/agent/runs/{id}", runs.delete),
+            web.get("/v1/agent/runs/{id}/events", runs.stream),
+        ]
+    )
     daemon.app.on_shutdown.append(runs.shutdown)
     return runs
