@@ -20,6 +20,7 @@ from cli import replay as replay_cmd
 from cli.capture import capture_app
 from cli.catalog import catalog_app
 from ladsd import logs
+from ladsd.config import PROFILES
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -40,41 +41,118 @@ app.add_typer(capture_app, name="capture")
 console = Console()
 
 
+SERVE_POLICIES = ", ".join(replay_cmd.REPLAY_POLICIES)
+
+
 @app.command()
 def serve(
-    host: str = typer.Option("127.0.0.1", help="Bind address (loopback by default)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address; not loopback needs --api-key."),
     port: int = typer.Option(8731, help="TCP port of the HTTP API."),
-    model: str = typer.Option("smollm2-135m", help="Model profile (see `ladsd model list`)."),
-    max_num_seqs: int = typer.Option(8, help="Engine batch size m."),
-    kv_blocks: int = typer.Option(None, help="KV pool size in blocks (num_gpu_blocks_override)."),
-    max_model_len: int = typer.Option(4096, help="Context limit in tokens."),
+    policy: str = typer.Option(
+        "lads", help=f"Delivery policy ({SERVE_POLICIES}); fifo runs without leases."
+    ),
+    profile: str = typer.Option(
+        "cpu", help=f"Engine and lease settings ({', '.join(PROFILES)}); see README."
+    ),
+    model: str = typer.Option(
+        "smollm2-135m", help="Model profile served (see `ladsd model list`)."
+    ),
+    kv_blocks: int = typer.Option(None, help="KV pool size in blocks [default: the profile's]."),
+    max_model_len: int = typer.Option(None, help="Context limit in tokens [default: profile's]."),
+    max_num_seqs: int = typer.Option(None, help="Engine batch size m [default: the profile's]."),
+    headroom_blocks: int = typer.Option(None, help="Lease headroom H [default: the profile's]."),
+    lease_s: float = typer.Option(None, help="Lease lifetime l in seconds [default: profile's]."),
+    max_waiting: int = typer.Option(
+        64, help="Chat requests admitted beyond the m running ones; more get 429."
+    ),
+    max_sessions: int = typer.Option(1024, help="Session table size (LRU idle sessions go)."),
+    session_ttl: float = typer.Option(600.0, help="Idle seconds before a session ends."),
+    max_body_mb: float = typer.Option(4.0, help="Request body limit in MiB (more: 413)."),
+    drain_s: float = typer.Option(30.0, help="SIGTERM: seconds requests in flight may finish."),
+    api_key: str = typer.Option(
+        None, envvar="LADSD_API_KEY", help="Bearer key every request must send (env LADSD_API_KEY)."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=replay_cmd.VERBOSE_HELP),
 ) -> None:
-    """Start the daemon: the embedded vLLM engine and its HTTP API.
+    """Start the daemon: the engine with prefix leases and its OpenAI-compatible HTTP API.
 
-    GET /health, GET /v1/engine/state, POST /v1/generate. Stops cleanly on SIGINT/SIGTERM.
+    POST /v1/chat/completions (tools, streaming, sessions by x-session-id), GET /v1/models,
+    /v1/sessions/{id} (+ /intent, /retention), GET /v1/engine/state, GET /v1/events (SSE),
+    GET /metrics, GET /health, /v1/agent/runs. SIGTERM drains requests in flight, releases
+    every lease and exits 0 when the lease audit balances.
     """
+    from ladsd.serve.app import check_bind
+
+    try:
+        check_bind(host, api_key)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--api-key") from None
+    if policy not in replay_cmd.REPLAY_POLICIES:
+        raise typer.BadParameter(f"unknown policy {policy!r}; choose from {SERVE_POLICIES}")
+    prof = _serve_profile(
+        profile, model, kv_blocks, max_model_len, max_num_seqs, headroom_blocks, lease_s
+    )
     with logs.session("serve", verbose) as log:
         import uvloop
 
-        from ladsd.config import EngineConfig
-        from ladsd.daemon import Daemon
+        from ladsd.serve.daemon import Daemon, ServeConfig
 
-        cfg = EngineConfig(
-            model=model,
-            max_num_seqs=max_num_seqs,
-            num_gpu_blocks_override=kv_blocks,
-            max_model_len=max_model_len,
+        cfg = ServeConfig(
+            host=host,
+            port=port,
+            api_key=api_key,
+            max_waiting=max_waiting,
+            max_sessions=max_sessions,
+            session_ttl_s=session_ttl,
+            max_body_bytes=int(max_body_mb * 1024 * 1024),
+            drain_s=drain_s,
         )
 
-        def ready(addrs: list) -> None:
-            console.print(f"[green]ladsd serving[/green] on http://{host}:{port} (model {model})")
+        def ready(url: str) -> None:
+            console.print(
+                f"[green]ladsd serving[/green] on {url} (model {model}, policy {policy}, "
+                f"profile {prof.name})"
+            )
             console.print(f"[dim]engine log: {escape(str(log.path))}[/dim]")
 
         try:
-            uvloop.run(Daemon(cfg).run(host, port, ready))
-        except Exception as e:  # start-up errors: say what, not a traceback
+            daemon = Daemon(prof, policy, cfg)
+            audit = uvloop.run(daemon.run(ready))
+        except Exception as e:  # start-up errors, a failed audit: say what, not a traceback
             raise replay_cmd.fail("", e, log) from None
+        eng = daemon.engine
+        if eng is not None and eng.error is not None:
+            raise replay_cmd.fail("the engine died: ", eng.error, log)
+        console.print(
+            f"stopped: every lease released, audit balanced (references added "
+            f"{audit['refs_added']:.0f} = released {audit['refs_released']:.0f})"
+        )
+
+
+def _serve_profile(
+    name: str,
+    model: str,
+    kv_blocks: int | None,
+    max_model_len: int | None,
+    max_num_seqs: int | None,
+    headroom: int | None,
+    lease_s: float | None,
+):  # -> ladsd.config.Profile
+    from dataclasses import replace
+
+    if name not in PROFILES:
+        raise typer.BadParameter(f"unknown profile {name!r}; choose from {', '.join(PROFILES)}")
+    prof = PROFILES[name]
+    given = {
+        "model": model,
+        "num_gpu_blocks_override": kv_blocks,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+    }
+    eng = replace(prof.engine, **{k: v for k, v in given.items() if v is not None})
+    leased = {"headroom_blocks": headroom, "lease_lifetime_s": lease_s}
+    lease = replace(prof.lease, **{k: v for k, v in leased.items() if v is not None})
+    return replace(prof, engine=eng, lease=lease)
 
 
 @model_app.command("prepare")

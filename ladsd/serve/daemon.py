@@ -1,0 +1,262 @@
+"""The Daemon: one ``open_runtime`` kept open for the daemon's life, behind HTTP.
+
+Life: bind the port (an address in use fails at once) -> open the runtime
+(engine thread with the lease scheduler, paced link, delivery policy) -> serve
+-> on SIGTERM/SIGINT (or :meth:`Daemon.stop`): stop accepting, drain the
+requests in flight (up to ``drain_s``), end every session (releasing its
+leases), leave the runtime, which releases every lease and checks the lease
+audit. :meth:`Daemon.run` returns that audit.
+
+Handlers reach the parts as ``daemon.rt`` (the Runtime), ``daemon.engine``,
+``daemon.events`` (the outcome hub), ``daemon.sessions`` and
+``daemon.catalog``; they get the engine through :meth:`Daemon.live_engine`,
+which answers 503 at once while it starts or after it died (never a hang).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from ladsd.config import Profile
+from ladsd.engine.thread import EngineThread
+from ladsd.records import EngineState
+from ladsd.runtime import Runtime, open_runtime
+from ladsd.serve import agents, completions, metrics, protocol
+from ladsd.serve.app import DAEMON, check_bind, is_loopback, json_response, make_app
+from ladsd.serve.chat import SESSION_HEADER
+from ladsd.serve.errors import ApiError
+from ladsd.serve.events import EventHub
+from ladsd.serve.render import Renderer
+from ladsd.serve.sessions import Session, SessionTable
+from web_catalog.db import Catalog, CatalogMissing, open_catalog
+
+log = logging.getLogger("ladsd.serve")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The server's own settings (the engine's and the leases' are the profile's)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8731
+    api_key: str | None = None  # required on a non-loopback address
+    max_waiting: int = 64  # chat requests admitted beyond the engine's m running ones
+    max_sessions: int = 1024
+    session_ttl_s: float = 600.0
+    max_body_bytes: int = 4 * 1024 * 1024
+    drain_s: float = 30.0  # SIGTERM: how long requests in flight may take to finish
+
+
+def _catalog() -> Catalog | None:
+    try:
+        return open_catalog()
+    except CatalogMissing:
+        log.info("no catalog built: agent runs are unavailable (`ladsd catalog build`)")
+        return None
+
+
+class Daemon:
+    def __init__(self, profile: Profile, policy: str = "lads", cfg: ServeConfig | None = None):
+        self.cfg = cfg = cfg or ServeConfig()
+        check_bind(cfg.host, cfg.api_key)
+        self.profile = profile
+        self.policy = policy
+        self.model = profile.engine.model
+        self.max_model_len = profile.engine.max_model_len
+        self.admit_limit = profile.engine.max_num_seqs + cfg.max_waiting
+        self.rt: Runtime | None = None
+        self.engine: EngineThread | None = None
+        self.state: EngineState | None = None
+        self.renderer: Renderer | None = None
+        self.events = EventHub()
+        self.sessions = SessionTable(cfg.max_sessions, cfg.session_ttl_s, self._release)
+        self.catalog = _catalog()
+        self.stats: Counter[str] = Counter()
+        self.in_flight = 0
+        self.draining = False
+        self.started = int(time.time())
+        self.audit: dict[str, float] | None = None
+        self._stop: asyncio.Event | None = None
+        self.app = make_app(max_body_bytes=cfg.max_body_bytes, key=cfg.api_key)
+        self.app[DAEMON] = self
+        self.app.router.add_get("/health", self.health)
+        completions.install(self)
+        protocol.install(self)
+        metrics.install(self)
+        agents.install(self)
+        self.app.on_shutdown.append(self._close_streams)
+
+    # ---- what handlers use -----------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.engine is not None and self.engine.alive
+
+    @property
+    def leases_enabled(self) -> bool:
+        return self.engine is not None and self.engine.lease.enabled
+
+    def live_engine(self) -> EngineThread:
+        eng = self.engine
+        if eng is None:
+            raise ApiError(503, "the engine is starting", code="engine_starting")
+        if not eng.alive:
+            raise ApiError(503, f"the engine is down: {eng.error}", code="engine_dead")
+        return eng
+
+    @contextmanager
+    def admit(self) -> Iterator[None]:
+        """Admission: at most m running + ``max_waiting`` chat requests; more get 429."""
+        if self.draining:
+            raise ApiError(503, "the daemon is shutting down", code="shutting_down")
+        if self.in_flight >= self.admit_limit:
+            self.stats["rejected"] += 1
+            raise ApiError(
+                429,
+                f"{self.in_flight} requests in flight (limit {self.admit_limit}: "
+                f"{self.admit_limit - self.cfg.max_waiting} running + "
+                f"{self.cfg.max_waiting} waiting); retry later",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": "1"},
+            )
+        self.in_flight += 1
+        self.stats["requests"] += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    def cancel(self, cid: Any) -> None:
+        """Drop a continuation's lease and candidate in the engine (if it still runs)."""
+        if self.alive:
+            assert self.engine is not None
+            self.engine.cancel(cid)
+
+    def capabilities(self) -> dict[str, Any]:
+        return {
+            "chat": {
+                "tools": True,
+                "tool_choice": ["none", "auto", "required", "function"],
+                "streaming": True,
+                "response_format": ["text", "json_object", "json_schema"],
+            },
+            "sessions": {
+                "header": SESSION_HEADER,
+                "max": self.sessions.max_sessions,
+                "idle_ttl_s": self.sessions.ttl_s,
+            },
+            "intent": ["tool", "expected_tool_s", "expected_result_bytes"],
+            "retention": list(protocol.MODES) if self.leases_enabled else ["release"],
+            "events": list(protocol.EVENT_TYPES),
+            "admission": {"max_in_flight": self.admit_limit},
+        }
+
+    def model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.model,
+            "object": "model",
+            "created": self.started,
+            "owned_by": "ladsd",
+            "max_model_len": self.max_model_len,
+        }
+
+    async def health(self, _: web.Request) -> web.Response:
+        if self.alive:
+            body = {"status": "ok", "model": self.model, "policy": self.policy}
+            body |= {"sessions": len(self.sessions), "in_flight": self.in_flight}
+            return json_response(body)
+        eng = self.engine
+        if eng is None:
+            return json_response({"status": "starting"}, 503)
+        return json_response({"status": "engine down", "error": str(eng.error)}, 503)
+
+    # ---- wiring ------------------------------------------------------------------------
+    def _attach(self, rt: Runtime) -> None:
+        self.rt, self.engine = rt, rt.engine
+        self.renderer = Renderer(rt.engine.tokenizer)
+        inner = rt.engine.on_state  # the runtime's (sender feedback): keep it first
+
+        def on_state(state: EngineState) -> None:
+            if inner is not None:
+                inner(state)
+            self.state = state
+            self.sessions.observe(state)
+            self.events.on_state(state)
+
+        rt.engine.on_state = on_state
+
+    def _release(self, s: Session) -> None:
+        for cid in s.held():
+            self.cancel(cid)
+        self.events.publish("session_end", s.id, turns=s.turn)
+
+    async def _close_streams(self, _: web.Application) -> None:
+        self.events.close()  # event streams end, so the drain waits only for real work
+
+    async def _reap(self) -> None:
+        period = min(5.0, self.sessions.ttl_s / 4)
+        while True:
+            await asyncio.sleep(period)
+            self.sessions.expire()
+
+    # ---- life ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Begin the shutdown (what SIGTERM does)."""
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self, ready: Callable[[str], None] | None = None) -> dict[str, float]:
+        """Serve until :meth:`stop`, SIGTERM or SIGINT; return the lease audit."""
+        cfg = self.cfg
+        self._stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self.stop)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                pass
+        if not is_loopback(cfg.host):
+            log.warning(
+                "serving on %s, which is not loopback: every request needs the API key", cfg.host
+            )
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,  # a client that goes away cancels its handler
+            shutdown_timeout=cfg.drain_s,
+        )
+        await runner.setup()
+        cleaned = False
+        try:
+            await web.TCPSite(runner, cfg.host, cfg.port).start()
+            async with open_runtime(self.profile, self.policy) as rt:
+                self._attach(rt)
+                if ready is not None:
+                    ready(f"http://{cfg.host}:{cfg.port}")
+                reaper = asyncio.create_task(self._reap(), name="ladsd-session-reaper")
+                try:
+                    await self._stop.wait()
+                finally:
+                    reaper.cancel()
+                    self.draining = True
+                    cleaned = True
+                    await runner.cleanup()  # stop listening, end event streams, drain
+                    self.sessions.end_all()  # release what the sessions hold
+            self.audit = rt.audit
+        finally:
+            if not cleaned:
+                await runner.cleanup()
+            if self.catalog is not None:
+                self.catalog.close()
+        assert self.audit is not None
+        return self.audit

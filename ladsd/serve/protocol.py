@@ -1,0 +1,261 @@
+"""The harness-engine protocol in HEAR's four kinds of message (peers.md section 2).
+
+* **intent** (harness -> engine, a prediction): ``POST /v1/sessions/{id}/intent``
+  ``{"tool", "expected_tool_s", "expected_result_bytes"}``. The next tool wait
+  of the session that calls ``tool`` (or any tool, without ``tool``) is
+  announced with that timing: ``expected_wait_s`` becomes the notice's ``T_B``
+  and the bytes its payload size, instead of the defaults.
+* **requirements / control**: ``POST /v1/sessions/{id}/retention``
+  ``{"mode": "preference" | "requirement" | "release"}`` for the history that
+  waits for a tool. A *preference* is the budgeted lease every tool wait gets
+  anyway (it may be denied or revoked; 202: accepted is not granted). A
+  *requirement* is leased now if the budget and the headroom can hold it
+  (200 with the record), else refused with the engine's reason (409), never
+  dropped silently. Both stay bounded by ``l`` and ``H``. *release* drops it.
+* **state & capabilities** (engine -> harness, observations, not guarantees):
+  ``GET /v1/sessions/{id}`` (the session and its lease record: status,
+  protected blocks, deadline, generation), ``GET /v1/engine/state`` (B, U, C,
+  F, H, l, w, a, m, block size, the policy, what the daemon supports).
+* **outcomes**: ``GET /v1/events``: SSE of grant, denial, handoff, expiry,
+  revocation, cancellation and completion events with session ids.
+
+The notice of a tool wait is the replay path's :class:`HistoryNotice`: the
+continuation is the session's next turn, its history the prompt + output ids.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from ladsd import clock
+from ladsd.engine.thread import EngineDead
+from ladsd.records import HistoryNotice, LeaseEventKind
+from ladsd.runtime import prefix_digest
+from ladsd.serve.app import DAEMON, json_response, open_sse, read_json, sse
+from ladsd.serve.chat import session_of
+from ladsd.serve.errors import ApiError, bad
+from ladsd.serve.sessions import ANY_TOOL, Intent, LeaseView, Session
+
+if TYPE_CHECKING:
+    from ladsd.serve.daemon import Daemon
+
+log = logging.getLogger("ladsd.serve")
+# Defaults when no intent says otherwise. The client's tool results never travel
+# the daemon's link, so the lease provider has no link estimate of T_B for them:
+# without a default expected wait a session's history could never be near-use.
+DEFAULT_RESULT_BYTES = 1024
+DEFAULT_TOOL_S = 1.0
+MAX_INTENTS = 64  # per session
+MAX_TOOL_S = 3600.0
+MAX_RESULT_BYTES = 64 * 1024 * 1024
+MODES = ("preference", "requirement", "release")
+
+
+def notice(s: Session, tool: str | None) -> HistoryNotice:
+    """The notice of ``s``'s history waiting for ``tool`` (timing from its intent)."""
+    intent = s.intent_for(tool or ANY_TOOL)
+    size = intent.expected_result_bytes if intent is not None else None
+    secs = intent.expected_tool_s if intent is not None else None
+    return HistoryNotice(
+        cid=s.cid(s.turn),
+        token_ids=s.history,
+        prefix_digest=prefix_digest(s.history),
+        payload_digest="",  # the result is the client's: the daemon never sees it in advance
+        ready_time=clock.now(),
+        payload_bytes=DEFAULT_RESULT_BYTES if size is None else size,
+        expected_wait_s=secs if secs is not None else DEFAULT_TOOL_S,
+    )
+
+
+def announce(d: Daemon, s: Session, tool: str) -> None:
+    """``s`` ended in a call of ``tool``: its history waits; tell the lease provider."""
+    n = notice(s, tool)
+    s.waiting = n
+    s.lease = LeaseView(n.cid)
+    try:
+        d.live_engine().notice(n)  # queued ahead of the client's next request
+    except (EngineDead, ApiError):
+        log.warning("engine down: the history of session %s is not announced", s.id)
+
+
+# ---- intent --------------------------------------------------------------------------
+
+
+def parse_intent(body: Any) -> Intent:
+    if not isinstance(body, dict):
+        raise bad("the body must be a JSON object")
+    unknown = sorted(set(body) - {"tool", "expected_tool_s", "expected_result_bytes"})
+    if unknown:
+        raise bad(f"unknown fields: {', '.join(unknown)}", unknown[0])
+    tool = body.get("tool", ANY_TOOL)
+    if not isinstance(tool, str) or not tool:
+        raise bad("'tool' must be a tool name", "tool")
+    secs, size = body.get("expected_tool_s"), body.get("expected_result_bytes")
+    if secs is None and size is None:
+        raise bad("give expected_tool_s and/or expected_result_bytes")
+    if secs is not None and (
+        isinstance(secs, bool) or not isinstance(secs, int | float) or not 0 <= secs <= MAX_TOOL_S
+    ):
+        raise bad(f"'expected_tool_s' must be a number in [0, {MAX_TOOL_S:g}]", "expected_tool_s")
+    if size is not None and (
+        isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_RESULT_BYTES
+    ):
+        raise bad(
+            f"'expected_result_bytes' must be an integer in [0, {MAX_RESULT_BYTES}]",
+            "expected_result_bytes",
+        )
+    return Intent(tool, None if secs is None else float(secs), size)
+
+
+def _sid(request: web.Request) -> str:
+    sid = session_of(request.match_info["id"], None)
+    assert sid is not None
+    return sid
+
+
+async def intent(request: web.Request) -> web.Response:
+    d: Daemon = request.app[DAEMON]
+    it = parse_intent(await read_json(request))
+    s = d.sessions.open(_sid(request))
+    if it.tool not in s.intents and len(s.intents) >= MAX_INTENTS:
+        raise bad(f"a session keeps at most {MAX_INTENTS} intents", "tool")
+    s.intents[it.tool] = it
+    body = {"accepted": True, "session_id": s.id, "intent": it.__dict__}
+    body["applies_to"] = "tool waits that start after it (the session's next tool calls)"
+    return json_response(body, 202)
+
+
+# ---- requirements / control -----------------------------------------------------------
+
+
+async def retention(request: web.Request) -> web.Response:
+    d: Daemon = request.app[DAEMON]
+    body = await read_json(request)
+    mode = body.get("mode") if isinstance(body, dict) else None
+    if mode not in MODES:
+        raise bad(f"'mode' must be one of {', '.join(MODES)}", "mode")
+    s = d.sessions.find(_sid(request))
+    eng = d.live_engine()
+    if mode != "release" and not d.leases_enabled:
+        raise ApiError(
+            409,
+            f"policy {d.policy} runs without leases: nothing can be retained",
+            code="leases_disabled",
+        )
+    n, view = s.waiting, s.lease
+    if n is None or view is None:
+        raise ApiError(
+            409, f"session {s.id!r} has no history waiting for a tool", code="not_waiting"
+        )
+    if mode == "release":
+        d.cancel(n.cid)
+        s.waiting = None
+        return json_response({"status": "released", "lease": view.as_dict()})
+    view.mode = mode
+    if mode == "preference":
+        eng.notice(n)  # a repeat leaves a lease or a pending candidate as it is
+        return json_response({"status": "accepted", "lease": view.as_dict()}, 202)
+    reason = await eng.require(n)
+    if reason is not None:
+        view.status, view.reason = "refused", reason
+        d.events.publish("refusal", s.id, turn=n.cid.turn, continuation=n.cid.key(), reason=reason)
+        raise ApiError(409, f"the requirement cannot be held now: {reason}", code="refused")
+    # Held now; its record (blocks, deadline) comes with the next published state.
+    # (Not engine.state(): a direct read could take events from the published stream.)
+    view.status, view.reason = "granted", None
+    return json_response({"status": "held", "lease": view.as_dict()})
+
+
+# ---- state & capabilities -------------------------------------------------------------
+
+
+async def session_state(request: web.Request) -> web.Response:
+    d: Daemon = request.app[DAEMON]
+    return json_response(d.sessions.find(_sid(request)).view())
+
+
+async def sessions(request: web.Request) -> web.Response:
+    d: Daemon = request.app[DAEMON]
+    return json_response({"object": "list", "data": [s.view() for s in d.sessions]})
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    d: Daemon = request.app[DAEMON]
+    s = d.sessions.find(_sid(request))
+    d.sessions.end(s.id)
+    return json_response({"id": s.id, "object": "session.deleted", "deleted": True})
+
+
+async def engine_state(request: web.Request) -> web.Response:
+    d: Daemon = request.app[DAEMON]
+    eng = d.live_engine()
+    lease = eng.lease
+    s = d.state
+    body: dict[str, Any] = {"object": "engine.state", "model": d.model, "profile": d.profile.name}
+    if s is None:  # nothing published yet (the first tick is 100 ms away)
+        snap = await eng.snapshot()
+        body |= {"F": snap.free_blocks, "w": snap.waiting, "a": snap.running}
+        body |= {"m": snap.max_num_seqs, "total_blocks": snap.total_blocks, "kappa": snap.kappa}
+        body |= {"B": 0, "U": 0, "C": 0, "generation": 0, "active_leases": 0, "counters": {}}
+    else:
+        body |= {"B": s.B, "U": s.U, "C": s.C, "F": s.F, "w": s.w, "a": s.a, "m": s.m}
+        body |= {"total_blocks": s.total_blocks, "kappa": s.kappa, "generation": s.generation}
+        body |= {"time": s.time, "seq": s.seq, "active_leases": len(s.leases)}
+        body["counters"] = s.counters
+    body |= {
+        "H": lease.headroom_blocks,
+        "l": lease.lease_lifetime_s,
+        "block_size": eng.cfg.resolved_block_size(),
+        "max_model_len": d.max_model_len,
+        "policy": d.policy,
+        "leases_enabled": d.leases_enabled,
+        "sessions": len(d.sessions),
+        "supports": d.capabilities(),
+    }
+    return json_response(body)
+
+
+# ---- outcomes ------------------------------------------------------------------------
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """SSE of outcomes; ``?session_id=`` filters, ``?backlog=N`` replays the last N first."""
+    d: Daemon = request.app[DAEMON]
+    sid = session_of(request.query.get("session_id"), None)
+    raw = request.query.get("backlog", "0")
+    if not raw.isdigit():
+        raise bad("'backlog' must be a non-negative integer", "backlog")
+    resp = await open_sse(request)
+    async for ev in d.events.subscribe(sid, int(raw)):
+        if ev is None:
+            await resp.write(b": keep-alive\n\n")
+        else:
+            await resp.write(sse(ev, ev["type"]))
+    await resp.write_eof()
+    return resp
+
+
+EVENT_TYPES = (
+    *(k.value for k in LeaseEventKind),
+    "completion",
+    "disconnect",
+    "refusal",
+    "session_end",
+)
+
+
+def install(d: Daemon) -> None:
+    d.app.add_routes(
+        [
+            web.get("/v1/engine/state", engine_state),
+            web.get("/v1/events", events),
+            web.get("/v1/sessions", sessions),
+            web.get("/v1/sessions/{id}", session_state),
+            web.delete("/v1/sessions/{id}", delete_session),
+            web.post("/v1/sessions/{id}/intent", intent),
+            web.post("/v1/sessions/{id}/retention", retention),
+        ]
+    )
