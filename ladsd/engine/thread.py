@@ -351,7 +351,7 @@ class EngineThread:
         try:
             self._build()
         except BaseException as e:  # report start-up failure to the caller
-            self._resolve(ready, EngineError(f"engine start failed: {e!r}"))
+            self._resolve(ready, EngineError(f"engine start failed: {type(e).__name__}: {e}"))
             return
         self._resolve(ready, True)
         try:
