@@ -1,25 +1,37 @@
 """`ladsd serve` under the captured trace: leases (LADS) vs none (FIFO), over HTTP.
 
 The committed trace's workflows (traces/smollm2-16tasks.jsonl) are replayed as
-HTTP chat sessions against real daemons on loopback: each workflow is one
-session (``x-session-id``). Each turn sends the recorded prompt as chat
-messages (system and user turn, then for every earlier turn the assistant
-message the daemon returned, the recorded tool message and the harness's
-progress note), asks for the recorded output length, and, when the reply is
-in, waits the recorded tool seconds before sending the next turn. Each
-continuation's recorded prompt is checked token by token against the
-messages before anything runs, so the daemon is asked for exactly the
-recorded tokens (its own outputs aside, which it keeps token-exact per
-session).
+OpenAI chat sessions against real daemons on loopback; each workflow is one
+session (``x-session-id``). Per session the client first states its intent
+(``POST /v1/sessions/{id}/intent``: the workflow's mean recorded tool seconds
+and result bytes). Turn 0 sends the recorded system and user turns; every
+recorded tool step is asked for as a call of that tool (``tool_choice`` names
+it; the tools ``open`` / ``read_reviews`` take the recorded reply's
+``thought`` and one of the task's product ids), so the reply is a tool call
+and the session's history waits for the tool as the daemon's lease candidate;
+the client then waits the recorded tool seconds and sends the recorded tool
+result (and the harness's progress note) as the next turn. The recorded
+``finish`` turn is asked for as text of the recorded length. Greedy sampling,
+so both daemons get the same conversations.
+
+What is exact and what is not: the tool results, notes, system and user turns
+are the recorded text (checked token by token against the trace's prompt ids
+before anything runs); the daemon extends each session's history token-exactly
+with its own outputs. The assistant turns are the daemon's own tool-call JSON
+(``{"name", "arguments"}``), not the recorded ``{"thought", "action", ...}``,
+and the daemon appends the tool descriptions to the system turn: prompts are
+~10 % longer than recorded (both lengths are in the results).
 
 One daemon per policy (``ladsd serve --policy lads`` and ``--policy fifo``,
 same profile and flags), each a subprocess on a free loopback port; the order
-rotates every repeat so drift on a shared machine hits both alike. Reported
-per policy: mean turn latency (request sent -> reply read), continuation turns
-only and all turns, cached prompt tokens, workflow latency, makespan; the
-LADS/FIFO ratio per repeat and over all repeats, with the spread (min, max,
-stdev) over repeats. Results (with the git commit, profile and flags) go to
-bench/results/serve/. Prints a table and, last, one JSON line. Never asserts.
+rotates every repeat, so drift on a shared machine hits both alike. The KV
+pool and ``H`` follow the replay's rule (ladsd/workloads/sizing.py: 11.53 mean
+final histories per pool, ``H`` 16.6 % of it) unless ``--pool profile``.
+Reported per run: mean turn latency (request sent -> reply read), continuation
+turns and all turns, cached prompt tokens, workflow latency, makespan, lease
+events; the LADS/FIFO ratio per repeat and its spread over repeats. Results
+(git commit, profile, flags, every turn) go to bench/results/serve/. Prints a
+table and, last, one JSON line. Never asserts.
 
     .venv/bin/python bench/serve.py --profile cpu --repeats 3
 """
@@ -71,17 +83,27 @@ class Turn:
     """One model call of a workflow: what the client appends before sending it."""
 
     turn: int
-    append: tuple[dict[str, Any], ...]  # messages after the previous reply
+    append: tuple[dict[str, Any], ...]  # messages after the previous reply (tool result first)
     prompt_len: int  # recorded prompt length (tokens)
-    output_tokens: int  # recorded output length (forced)
+    output_tokens: int  # recorded output length
     tool_seconds: float  # wait before this turn (the tool's recorded service time)
+    tool: str | None  # the recorded reply's tool (asked for by name), None: text
+    result_bytes: int  # bytes of the tool result this turn sends (0 for turn 0)
 
 
 @dataclass(frozen=True)
 class Flow:
     wid: str
     arrival: float  # seconds after the run's start
+    product_ids: tuple[int, ...]
     turns: tuple[Turn, ...]
+
+    def intent(self) -> dict[str, Any]:
+        """What the client expects of its tools: the recorded means (HEAR intent)."""
+        waits = [t for t in self.turns if t.turn > 0]
+        secs = sum(t.tool_seconds for t in waits) / max(1, len(waits))
+        size = sum(t.result_bytes for t in waits) // max(1, len(waits))
+        return {"expected_tool_s": secs, "expected_result_bytes": size}
 
 
 def build_flows(trace: tr.Trace, seed: int, spread_s: float, tool_scale: float) -> list[Flow]:
@@ -116,15 +138,18 @@ def build_flows(trace: tr.Trace, seed: int, spread_s: float, tool_scale: float) 
                     prompt_len=len(c.prompt_ids),
                     output_tokens=max(1, len(c.output_ids)),
                     tool_seconds=(o.tool_seconds * tool_scale) if o else 0.0,
+                    tool=c.action.name if c.action.is_tool else None,
+                    result_bytes=len(o.payload) if o else 0,
                 )
             )
-        flows.append(Flow(w.workflow, rng.uniform(0.0, spread_s), tuple(turns)))
+        arrival = rng.uniform(0.0, spread_s)
+        flows.append(Flow(w.workflow, arrival, tuple(w.product_ids), tuple(turns)))
     return flows
 
 
 def check_tokens(trace: tr.Trace, flows: list[Flow]) -> None:
-    """Every recorded prompt is the chat template of the messages (recorded outputs in
-    place of the daemon's): the messages ask for exactly the recorded tokens."""
+    """The messages are the recorded text: with the recorded outputs in place of the
+    daemon's replies they render to exactly the recorded prompt ids."""
     from transformers import AutoTokenizer
 
     from ladsd.agent.prompt import ChatML
@@ -217,6 +242,46 @@ class Daemon:
 
 # ---- the replay over HTTP -------------------------------------------------------
 
+MAX_TOOL_TOKENS = 256  # the trace's agent cap per reply
+THOUGHT_CHARS = 200
+
+
+def tools_for(flow: Flow) -> list[dict[str, Any]]:
+    """The catalog tools as OpenAI tools; one list per session (it is part of the
+    system turn, so it must not change within a session)."""
+    params = {
+        "type": "object",
+        "properties": {
+            "thought": {"type": "string", "maxLength": THOUGHT_CHARS},
+            "product_id": {"enum": list(flow.product_ids)},
+        },
+        "required": ["thought", "product_id"],
+        "additionalProperties": False,
+    }
+    descs = {
+        "open": "Open a product page: name, price, description, sizes and colours.",
+        "read_reviews": "Read a product's customer reviews.",
+    }
+    return [
+        {"type": "function", "function": {"name": n, "description": d, "parameters": params}}
+        for n, d in descs.items()
+    ]
+
+
+def chat_body(
+    msgs: list[dict[str, Any]], t: Turn, model: str, tools: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A recorded tool step is asked for as a call of that tool; any other reply as text
+    of the recorded length (vLLM's min_tokens / ignore_eos, as ``ladsd replay`` forces)."""
+    body: dict[str, Any] = {"model": model, "messages": msgs, "tools": tools, "temperature": 0}
+    if t.tool is not None:
+        body["tool_choice"] = {"type": "function", "function": {"name": t.tool}}
+        body["max_tokens"] = MAX_TOOL_TOKENS
+    else:
+        body["tool_choice"] = "none"
+        body |= {"max_tokens": t.output_tokens, "min_tokens": t.output_tokens, "ignore_eos": True}
+    return body
+
 
 @dataclass
 class TurnResult:
@@ -228,51 +293,60 @@ class TurnResult:
     cached_tokens: int
     completion_tokens: int
     recorded_prompt_tokens: int
+    recorded_output_tokens: int
     finish_reason: str | None
+    tool_call: bool
 
 
-def chat_body(msgs: list[dict[str, Any]], t: Turn, model: str | None) -> dict[str, Any]:
-    """A plain OpenAI chat request, with vLLM's extra sampling fields forcing the
-    recorded output length (as ``ladsd replay`` does) so both policies do the same work."""
-    body: dict[str, Any] = {
-        "messages": msgs,
-        "max_tokens": t.output_tokens,
-        "min_tokens": t.output_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-    }
-    if model is not None:
-        body["model"] = model
-    return body
+async def post(http: aiohttp.ClientSession, url: str, body: Any, sid: str) -> Any:
+    async with http.post(
+        url,
+        json=body,
+        headers={"x-session-id": sid},
+        timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT_S),
+    ) as r:
+        data = await r.json()
+        if r.status >= 300:
+            raise RuntimeError(f"{sid}: {url}: HTTP {r.status}: {data}")
+        return data
 
 
 async def replay_flow(
-    http: aiohttp.ClientSession, url: str, flow: Flow, tag: str, t0: float, model: str | None
+    http: aiohttp.ClientSession,
+    url: str,
+    flow: Flow,
+    sid: str,
+    t0: float,
+    model: str,
+    intent: bool,
 ) -> list[TurnResult]:
     await asyncio.sleep(max(0.0, t0 + flow.arrival - time.monotonic()))
-    session = f"{tag}-{flow.wid}"
+    if intent:
+        await post(http, f"{url}/v1/sessions/{sid}/intent", flow.intent(), sid)
+    tools = tools_for(flow)
     msgs: list[dict[str, Any]] = []
     out: list[TurnResult] = []
+    call_id: str | None = None
     for t in flow.turns:
-        if t.tool_seconds > 0:
-            await asyncio.sleep(t.tool_seconds)
-        msgs.extend(t.append)
+        if t.turn > 0:
+            await asyncio.sleep(t.tool_seconds)  # the tool runs
+            result, *rest = t.append
+            if call_id is not None:
+                msgs.append({**result, "tool_call_id": call_id})
+            else:  # the previous reply was not a call: the result goes as a user turn
+                msgs.append({"role": "user", "content": result["content"]})
+            msgs.extend(rest)
+        else:
+            msgs.extend(t.append)
         sent = time.monotonic()
-        async with http.post(
-            f"{url}/v1/chat/completions",
-            json=chat_body(msgs, t, model),
-            headers={"x-session-id": session},
-            timeout=aiohttp.ClientTimeout(total=TURN_TIMEOUT_S),
-        ) as r:
-            data = await r.json()
-            if r.status != 200:
-                raise RuntimeError(f"{session} turn {t.turn}: HTTP {r.status}: {data}")
+        data = await post(http, f"{url}/v1/chat/completions", chat_body(msgs, t, model, tools), sid)
         latency = time.monotonic() - sent
         choice = data["choices"][0]
         msg = choice["message"]
         msgs.append({k: v for k, v in msg.items() if v is not None})  # as the daemon said it
+        calls = msg.get("tool_calls") or []
+        call_id = calls[0]["id"] if calls else None
         usage = data["usage"]
-        details = usage.get("prompt_tokens_details") or {}
         out.append(
             TurnResult(
                 workflow=flow.wid,
@@ -280,50 +354,72 @@ async def replay_flow(
                 sent=sent - t0,
                 latency_s=latency,
                 prompt_tokens=int(usage["prompt_tokens"]),
-                cached_tokens=int(details.get("cached_tokens") or 0),
+                cached_tokens=int(usage["prompt_tokens_details"]["cached_tokens"]),
                 completion_tokens=int(usage["completion_tokens"]),
                 recorded_prompt_tokens=t.prompt_len,
+                recorded_output_tokens=t.output_tokens,
                 finish_reason=choice.get("finish_reason"),
+                tool_call=bool(calls),
             )
         )
     return out
+
+
+async def collect_events(http: aiohttp.ClientSession, url: str, into: list[dict]) -> None:
+    """The daemon's outcome stream (grants, handoffs, expiries, ..., completions)."""
+    async with http.get(f"{url}/v1/events", timeout=aiohttp.ClientTimeout(total=None)) as r:
+        async for raw in r.content:
+            if raw.startswith(b"data: "):
+                into.append(orjson.loads(raw[6:]))
 
 
 async def one_run(
     policy: str, flows: list[Flow], args: argparse.Namespace, log_dir: Path, tag: str
 ) -> dict[str, Any]:
     d = Daemon(policy, args.serve_args, log_dir)
+    events: list[dict] = []
     async with aiohttp.ClientSession() as http:
         await d.start(http)
         try:
+            model = (await fetch_json(http, f"{d.url}/v1/models"))["data"][0]["id"]
+            watcher = asyncio.create_task(collect_events(http, d.url, events))
             t0 = time.monotonic() + 0.5
             per_flow = await asyncio.gather(
-                *(replay_flow(http, d.url, f, tag, t0, args.model) for f in flows)
+                *(
+                    replay_flow(http, d.url, f, f"{tag}-{f.wid}", t0, model, not args.no_intent)
+                    for f in flows
+                )
             )
             makespan = time.monotonic() - t0
+            await asyncio.sleep(0.3)  # the last published state's events
             state = await fetch_json(http, f"{d.url}/v1/engine/state")
+            watcher.cancel()
         finally:
             rc = d.stop()
     turns = [t for fl in per_flow for t in fl]
+    kinds: dict[str, int] = {}
+    for e in events:
+        kinds[e["type"]] = kinds.get(e["type"], 0) + 1
+    bound = sum(1 for e in events if e["type"] == "completion" and e.get("bound"))
     return {
         "policy": policy,
         "tag": tag,
         "command": d.command(),
         "log": str(d.log_path),
-        "exit_code": rc,
+        "exit_code": rc,  # 0: the daemon's lease audit balanced at shutdown
+        "model": model,
         "makespan_s": makespan,
+        "events": kinds,
+        "bound_continuations": bound,
         "engine_state": state,
-        "summary": summarize(turns, per_flow),
+        "summary": summarize(turns, per_flow) | {"makespan_s": makespan},
         "turns": [t.__dict__ for t in turns],
     }
 
 
 async def fetch_json(http: aiohttp.ClientSession, url: str) -> Any:
-    try:
-        async with http.get(url) as r:
-            return await r.json() if r.status == 200 else {"status": r.status}
-    except aiohttp.ClientError as e:
-        return {"error": str(e)}
+    async with http.get(url) as r:
+        return await r.json()
 
 
 def summarize(turns: list[TurnResult], per_flow: list[list[TurnResult]]) -> dict[str, float]:
@@ -336,11 +432,13 @@ def summarize(turns: list[TurnResult], per_flow: list[list[TurnResult]]) -> dict
         "p95_turn_s": _pct([t.latency_s for t in turns], 0.95),
         "mean_workflow_s": statistics.fmean(wf) if wf else 0.0,
         "prompt_tokens": sum(t.prompt_tokens for t in turns),
+        "recorded_prompt_tokens": sum(t.recorded_prompt_tokens for t in turns),
+        "completion_tokens": sum(t.completion_tokens for t in turns),
         "cached_tokens": sum(t.cached_tokens for t in turns),
         "continuation_cached_share": (
             sum(t.cached_tokens for t in conts) / max(1, sum(t.prompt_tokens for t in conts))
         ),
-        "prompt_mismatches": sum(t.prompt_tokens != t.recorded_prompt_tokens for t in turns),
+        "tool_call_replies": sum(t.tool_call for t in turns),
     }
 
 
@@ -436,6 +534,18 @@ def git_commit() -> dict[str, Any]:
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "-uno"))}
 
 
+def pool_flags(trace: tr.Trace, profile: str) -> list[str]:
+    """``--kv-blocks`` / ``--headroom-blocks`` by the replay's rule for these workflows
+    (recorded final histories: last prompt + last output)."""
+    from ladsd.config import PROFILES
+    from ladsd.workloads.sizing import pool_for
+
+    finals = [len(w.calls[-1].prompt_ids) + len(w.calls[-1].output_ids) for w in trace.workflows]
+    block = PROFILES[profile].engine.resolved_block_size()
+    blocks, h = pool_for(sum(finals) / len(finals), block)
+    return ["--kv-blocks", str(blocks), "--headroom-blocks", str(h)]
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--profile", default="cpu", help="ladsd serve --profile")
@@ -445,17 +555,24 @@ async def main() -> None:
     ap.add_argument("--spread", type=float, default=2.0, help="arrivals uniform in [0, spread] s")
     ap.add_argument("--tool-scale", type=float, default=1.0, help="x recorded tool seconds")
     ap.add_argument("--workflows", type=int, default=0, help="first N workflows (0: all)")
-    ap.add_argument("--model", default=None, help="'model' field of the requests")
+    ap.add_argument(
+        "--pool",
+        choices=("rule", "profile"),
+        default="rule",
+        help="KV pool and H: the replay's sizing rule for this trace, or the profile's",
+    )
+    ap.add_argument("--no-intent", action="store_true", help="send no intent (daemon default)")
     ap.add_argument("--trace", type=Path, default=TRACE)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--no-check", action="store_true", help="skip the token-exactness check")
+    ap.add_argument("--no-check", action="store_true", help="skip the recorded-text check")
     ap.add_argument("serve_args", nargs="*", help="more `ladsd serve` flags (after --)")
     args = ap.parse_args()
-    args.serve_args = ["--profile", args.profile, *args.serve_args]
     policies = args.policies.split(",")
     trace = tr.load(args.trace)
     if args.workflows:
         trace = tr.Trace(trace.header, trace.workflows[: args.workflows])
+    pool = pool_flags(trace, args.profile) if args.pool == "rule" else []
+    args.serve_args = ["--profile", args.profile, *pool, *args.serve_args]
     if not args.no_check:
         check_tokens(trace, build_flows(trace, args.seed, args.spread, args.tool_scale))
     log_dir = Path(tempfile.mkdtemp(prefix="ladsd-bench-serve-"))
@@ -482,6 +599,8 @@ async def main() -> None:
             "seed": args.seed,
             "spread_s": args.spread,
             "tool_scale": args.tool_scale,
+            "pool": args.pool,
+            "intent": not args.no_intent,
             "workflows": len(trace.workflows),
             "trace": str(
                 args.trace.relative_to(ROOT) if args.trace.is_relative_to(ROOT) else args.trace
