@@ -1,40 +1,44 @@
 #!/usr/bin/env bash
-# The spec's three comparisons on this machine at the `cpu` profile:
-#   controlled cohort-8 on 5 seeds, web-burst on 3, captured on 3;
-#   every policy plus the infinite-cache reference.
-# Opt-in: --workload controlled-c16 runs the spec's cohort-16 row (seeds 1-3;
-#   FIFO, LADS and the infinite cache unless --policies says otherwise).
-# Resumable (finished runs are read back from bench/results/cpu) and selectable:
-#   bench/paper_cpu.sh [--workload controlled|web-burst|captured] [--policies a,b] [--seeds 1,2]
-#                      [--kv-blocks N]   (OUT=dir to write elsewhere)
-# Writes run JSON, the comparison table (markdown) and plots under bench/results/cpu.
+# The spec's comparisons on this machine at the `cpu` profile (1/4 token scale):
+#   controlled cohort-8 on 5 seeds, cohort-16 on 3, web-burst on 3, captured on 3;
+#   every policy plus the infinite-cache reference; FIFO, Cache-first, LADS and the
+#   infinite cache twice per seed (their repeats are the A/A noise floor), the
+#   others once; each (seed, repeat) block in a rotated policy order.
+# Resumable: finished runs are read back from OUT (default bench/results/cpu-quarter)
+# after checking that they were made with the same configuration.
+#   bench/paper_cpu.sh [--workload controlled|controlled-c16|web-burst|captured]
+#                      [--policies a,b] [--seeds 1,2] [--repeats N] [--kv-blocks N]
+#                      [--profile NAME]   (OUT=dir to write elsewhere)
+# The earlier 1/8-scale results re-render (nothing runs) with
+#   OUT=bench/results/cpu-eighth bench/paper_cpu.sh --profile cpu-eighth --repeats 1
+#   (and --workload controlled-c16 --policies fifo,lads,infinite-cache for their c16 row).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-bench/results/cpu}
+OUT=${OUT:-bench/results/cpu-quarter}
+PROFILE=cpu
 POLICIES=fifo,size-first,tail-release,cache-first,cache-first-noleases,turnover-off,lads,infinite-cache
-POLICIES_GIVEN=""
 ONLY=""
 SEEDS=""
+REPEATS=2
 EXTRA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --workload) ONLY=$2; shift 2 ;;
-    --policies) POLICIES=$2; POLICIES_GIVEN=1; shift 2 ;;
+    --policies) POLICIES=$2; shift 2 ;;
     --seeds) SEEDS=$2; shift 2 ;;
+    --repeats) REPEATS=$2; shift 2 ;;
+    --profile) PROFILE=$2; shift 2 ;;
     --kv-blocks) EXTRA=(--kv-blocks "$2"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-compare() {  # workload default-seeds [extra args]
-  local wl=$1 seeds=${SEEDS:-$2}; shift 2
-  [ -z "$ONLY" ] || [ "$ONLY" = "$wl" ] || return 0
-  .venv/bin/ladsd compare --profile cpu --workload "$wl" --seeds "$seeds" \
-    --policies "$POLICIES" --out "$OUT" "${EXTRA[@]}" "$@"
+compare() {  # name workload default-seeds [extra args]
+  local name=$1 wl=$2 seeds=${SEEDS:-$3}; shift 3
+  [ -z "$ONLY" ] || [ "$ONLY" = "$name" ] || return 0
+  .venv/bin/ladsd compare --profile "$PROFILE" --workload "$wl" --seeds "$seeds" \
+    --policies "$POLICIES" --repeats "$REPEATS" --out "$OUT" "${EXTRA[@]}" "$@"
 }
-compare controlled 1,2,3,4,5 --cohort 8
-compare web-burst 1,2,3
-compare captured 1,2,3
-if [ "$ONLY" = "controlled-c16" ]; then
-  [ -n "$POLICIES_GIVEN" ] || POLICIES=fifo,lads,infinite-cache
-  ONLY="" compare controlled 1,2,3 --cohort 16  # ONLY cleared for this call only
-fi
+compare controlled controlled 1,2,3,4,5 --cohort 8
+compare controlled-c16 controlled 1,2,3 --cohort 16
+compare web-burst web-burst 1,2,3
+compare captured captured 1,2,3

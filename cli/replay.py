@@ -50,8 +50,9 @@ def _profile(name: str, kv_blocks: int | None) -> Profile:
     if name not in PROFILES:
         raise typer.BadParameter(f"unknown profile {name!r}; choose from {', '.join(PROFILES)}")
     prof = PROFILES[name]
-    if kv_blocks:
-        prof = replace(prof, engine=replace(prof.engine, num_gpu_blocks_override=kv_blocks))
+    if kv_blocks:  # an explicit pool replaces the per-workload pool rule
+        engine = replace(prof.engine, num_gpu_blocks_override=kv_blocks)
+        prof = replace(prof, engine=engine, pool_rule=False)
     return prof
 
 
@@ -92,6 +93,7 @@ def run_one(
     seed: int,
     cohort: int | None,
     trace: Path | None,
+    meta: dict | None = None,
 ) -> tuple[events.RunRecord, float]:
     """One run with its progress line; returns the record and its wall time in seconds."""
     from ladsd.workloads.runner import run
@@ -99,7 +101,7 @@ def run_one(
     wl = make(workload, prof, seed, cohort=cohort, trace=trace)
     t0 = time.monotonic()
     with RunProgress(console, label, wl) as progress:
-        rec = asyncio.run(run(wl, prof, policy, progress))
+        rec = asyncio.run(run(wl, prof, policy, progress, meta))
     return rec, time.monotonic() - t0
 
 
@@ -161,42 +163,74 @@ def compare(
     cohort: int = typer.Option(None, help="Cohort size C (8 or 16)."),
     trace: Path = typer.Option(None, help="Trace for web-burst/captured."),
     kv_blocks: int = typer.Option(None, help="Override the profile's KV pool (blocks)."),
+    repeats: int = typer.Option(
+        2, help="Runs per seed of FIFO, Cache-first, LADS and the infinite cache (A/A pairs)."
+    ),
     out: Path = typer.Option(Path("bench/results/compare"), help="Folder for JSON and plots."),
     resume: bool = typer.Option(True, help="Reuse run files already in --out."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
-    """Run several policies over the same seeds; paper-style table, JSON and plots."""
+    """Run several policies over the same seeds; paper-style table, JSON and plots.
+
+    Each (seed, repeat) block runs its policies in a rotated order; the core
+    policies run --repeats times per seed and their repeats are the noise floor.
+    Every run file records its configuration; a resume refuses a file made with
+    another one.
+    """
+    from ladsd.workloads import plan as planning
+
     _check_workload(workload)
     names = parse_policies(policies)
     prof = _profile(profile, kv_blocks)
     seed_list = parse_seeds(seeds)
+    if repeats < 1:
+        raise typer.BadParameter("--repeats must be at least 1")
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{workload}" + (f"-c{cohort}" if cohort else "") + f"-{prof.name}"
-    plan = [(seed, pol, out / f"{tag}-{pol}-s{seed}.json") for seed in seed_list for pol in names]
-    stored = {path for _, _, path in plan if resume and path.exists()}
-    n = len(plan)
+    flags = {"cohort": cohort, "trace": str(trace) if trace else None, "kv_blocks": kv_blocks}
+    flags = {k: v for k, v in flags.items() if v is not None}
+    slots = planning.plan(names, seed_list, repeats, out, tag)
+    stored = {s.path for s in slots if resume and s.path.exists()}
+    n = len(slots)
     console.print(
         f"compare {workload} ({prof.name} profile): {len(names)} policies x "
-        f"{len(seed_list)} seeds = {n} runs"
+        f"{len(seed_list)} seeds, core policies x{repeats} = {n} runs"
         + (f", {len(stored)} read back from {out}" if stored else "")
     )
     runs: dict[str, list[events.RunRecord]] = {}
     took: list[float] = []
+    legacy = 0
     with logs.session("compare", verbose) as log:
         errors = _run_errors() if len(stored) < n else ()  # () when nothing runs: no vLLM import
-        for i, (seed, pol, path) in enumerate(plan, start=1):
-            head = f"run {i}/{n} {pol} seed {seed}"
+        for i, slot in enumerate(slots, start=1):
+            seed, pol, path = slot.seed, slot.policy, slot.path
+            head = f"run {i}/{n} {pol} seed {seed}" + (
+                f" repeat {slot.repeat}" if slot.repeat > 1 else ""
+            )
+            want = planning.config(prof, workload, seed, flags)
             if path in stored:
                 rec = events.load(path)
+                if "config" in rec.meta:
+                    try:
+                        planning.check(rec.meta["config"], want, path)
+                    except planning.ConfigMismatch as e:
+                        raise typer.BadParameter(str(e)) from None
+                else:
+                    legacy += 1  # written before run files recorded their configuration
                 note = "read back"
             else:
+                meta = {
+                    "repeat": slot.repeat,
+                    "order_position": slot.position,
+                    "config": want,
+                }
                 try:
-                    rec, dt = run_one(head, pol, workload, prof, seed, cohort, trace)
+                    rec, dt = run_one(head, pol, workload, prof, seed, cohort, trace, meta)
                 except errors as e:
                     raise fail(f"{head}: ", e, log) from None
                 events.save(rec, path)
                 took.append(dt)
-                left = sum(1 for _, _, p in plan[i:] if p not in stored)
+                left = sum(1 for s in slots[i:] if s.path not in stored)
                 note = f"took {clock(dt)}"
                 if left:
                     runs_left = f"{left} run" + ("s" if left > 1 else "")
@@ -206,6 +240,11 @@ def compare(
             console.print(
                 f"{head}: mean {summary.mean_latency(rec):.2f} s, "
                 f"P95 {summary.p95_latency(rec):.2f} s ({note})"
+            )
+        if legacy:
+            console.print(
+                f"[yellow]note:[/yellow] {legacy} run file(s) predate configuration records; "
+                "their configuration was not checked"
             )
         comp = table.compare(runs)
         grids = [*table.comparison_grids(comp), table.drivers_grid(runs)]

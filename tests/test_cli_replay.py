@@ -33,24 +33,39 @@ def test_bad_arguments_fail_clearly_before_any_run(args, message) -> None:
 def test_compare_writes_runs_table_plots_and_resumes(tmp_path, model_ready) -> None:
     out = tmp_path / "cmp"
     args = ("compare", "--profile", "smoke", "--workload", "controlled")
-    args += ("--policies", "fifo,lads", "--seeds", "1", "--out", str(out))
+    args += ("--policies", "fifo,lads", "--seeds", "1", "--repeats", "2", "--out", str(out))
     res = invoke(*args)
     assert res.exit_code == 0, res.output
-    runs = {p: out / f"controlled-smoke-{p}-s1.json" for p in ("fifo", "lads")}
-    for p, f in runs.items():
+    runs = {
+        (p, r): out / f"controlled-smoke-{p}-s1{'' if r == 1 else '-r2'}.json"
+        for p in ("fifo", "lads")
+        for r in (1, 2)
+    }
+    order = {}
+    for (p, r), f in runs.items():
         rec = events.load(f)
-        assert rec.policy == p and rec.seed == 1
+        assert rec.policy == p and rec.seed == 1 and rec.meta["repeat"] == r
+        assert rec.meta["config"]["profile"]["name"] == "smoke" and rec.meta["git"]
+        order[(p, r)] = rec.meta["order_position"]
         summary.audit(rec)
+    # The second block runs the policies in the rotated order.
+    assert order == {("fifo", 1): 0, ("lads", 1): 1, ("fifo", 2): 1, ("lads", 2): 0}
     md = (out / "controlled-smoke-table.md").read_text()
     assert "| LADS vs FIFO |" in md and "What drives it" in md
+    assert "Noise floor: A/A pairs" in md and "| FIFO repeat 2 vs 1 |" in md
+    assert "repeat spread %" in md
     for plot in ("cdf", "stages", "lease-timeline"):
         assert (out / f"controlled-smoke-{plot}.png").stat().st_size > 0
     # A second call reads the finished runs back instead of running them again.
-    stamp = {p: f.stat().st_mtime_ns for p, f in runs.items()}
+    stamp = {k: f.stat().st_mtime_ns for k, f in runs.items()}
     again = invoke(*args)
     assert again.exit_code == 0, again.output
-    assert {p: f.stat().st_mtime_ns for p, f in runs.items()} == stamp
+    assert {k: f.stat().st_mtime_ns for k, f in runs.items()} == stamp
     assert (out / "controlled-smoke-table.md").read_text() == md
+    # A resume under another configuration is refused, naming what differs.
+    other = invoke(*args, "--kv-blocks", "200")
+    assert other.exit_code != 0
+    assert "was made with" in other.output and "kv_blocks" in other.output
 
 
 @pytest.mark.engine

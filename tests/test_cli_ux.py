@@ -319,7 +319,7 @@ def test_compare_tables_fit_80_and_200_columns_and_show_progress_per_run(
 ) -> None:
     out = tmp_path / "cmp"
     args = ("compare", "--profile", "smoke", "--policies", "fifo,lads", "--seeds", "1")
-    args += ("--out", str(out))
+    args += ("--repeats", "1", "--out", str(out))
     first = ladsd(*args, columns=80)
     assert first.returncode == 0, first.stdout + first.stderr
     assert_quiet(first)

@@ -165,16 +165,38 @@ class Reduction:
     pairs: int = 0  # matched (seed, workflow) pairs compared
 
 
-def by_seed(policy: str, runs: Sequence[RunRecord]) -> dict[int, RunRecord]:
-    """Index one policy's runs by seed; a duplicate seed or a foreign run is an error."""
-    out: dict[int, RunRecord] = {}
+def repeat_of(run: RunRecord) -> int:
+    """Which repeat of its (policy, seed) a run is (``meta.repeat``; 1 for older files)."""
+    return int(run.meta.get("repeat", 1))
+
+
+def by_seed(policy: str, runs: Sequence[RunRecord]) -> dict[int, list[RunRecord]]:
+    """Index one policy's runs by seed (repeats in repeat order).
+
+    A duplicate (seed, repeat) or a foreign run is an error.
+    """
+    out: dict[int, list[RunRecord]] = {}
     for r in runs:
         if r.policy != policy:
             raise ValueError(f"run of policy {r.policy!r} listed under {policy!r}")
-        if r.seed in out:
-            raise ValueError(f"policy {policy!r} has two runs with seed {r.seed}")
-        out[r.seed] = r
-    return out
+        reps = out.setdefault(r.seed, [])
+        if any(repeat_of(x) == repeat_of(r) for x in reps):
+            raise ValueError(
+                f"policy {policy!r} has two runs with seed {r.seed} (repeat {repeat_of(r)})"
+            )
+        reps.append(r)
+    return {s: sorted(rs, key=repeat_of) for s, rs in out.items()}
+
+
+def seed_metric(reps: Sequence[RunRecord], metric: Callable[[RunRecord], float]) -> float:
+    """A seed's figure: the mean over its repeats (the value itself without repeats)."""
+    return mean(metric(r) for r in reps)
+
+
+def repeat_spread(reps: Sequence[RunRecord], metric: Callable[[RunRecord], float]) -> float:
+    """(max - min) / mean of a seed's repeats, in percent (0 with one run)."""
+    v = [metric(r) for r in reps]
+    return 100.0 * (max(v) - min(v)) / mean(v)
 
 
 def group(runs: Iterable[RunRecord]) -> dict[str, list[RunRecord]]:
@@ -209,7 +231,7 @@ def reductions(
     cand = by_seed(candidate, runs[candidate])
     if not cand:
         raise ValueError(f"candidate {candidate!r} has no runs")
-    workloads = {r.workload for r in cand.values()}
+    workloads = {r.workload for rs in cand.values() for r in rs}
     out: dict[str, Reduction] = {}
     for b in names:
         if b not in runs:
@@ -220,25 +242,53 @@ def reductions(
                 f"seeds differ: {candidate} has {sorted(cand)}, {b} has {sorted(base)}; "
                 "reductions need matched seeds"
             )
-        workloads |= {r.workload for r in base.values()}
+        workloads |= {r.workload for rs in base.values() for r in rs}
         if len(workloads) > 1:
             raise ValueError(f"runs of different workloads compared: {sorted(workloads)}")
-        per = {s: reduction(metric(base[s]), metric(cand[s])) for s in sorted(cand)}
+        per = {
+            s: reduction(seed_metric(base[s], metric), seed_metric(cand[s], metric))
+            for s in sorted(cand)
+        }
         faster, total = workflow_pairs(base, cand)
         out[b] = Reduction(candidate, b, per, mean(per.values()), faster, total)
     return out
 
 
-def workflow_pairs(base: Mapping[int, RunRecord], cand: Mapping[int, RunRecord]) -> tuple[int, int]:
+def workflow_pairs(
+    base: Mapping[int, Sequence[RunRecord]], cand: Mapping[int, Sequence[RunRecord]]
+) -> tuple[int, int]:
     """(pairs where the candidate's workflow latency is lower, pairs compared).
 
-    A pair is one workflow id of one seed present in both runs; the spec's
-    captured-path claim "all 48 pairs better" is this count.
+    A pair is one workflow id of one seed present in both policies' runs, its
+    latency averaged over the seed's repeats; the spec's captured-path claim
+    "all 48 pairs better" is this count.
     """
     faster = total = 0
     for s in sorted(set(base) & set(cand)):
-        lb, lc = latencies(base[s]), latencies(cand[s])
+        lb, lc = _mean_latencies(base[s]), _mean_latencies(cand[s])
         for w in lb.keys() & lc.keys():
             total += 1
             faster += lc[w] < lb[w]
     return faster, total
+
+
+def _mean_latencies(reps: Sequence[RunRecord]) -> dict[str, float]:
+    per = [latencies(r) for r in reps]
+    return {w: mean(x[w] for x in per if w in x) for w in per[0]}
+
+
+def noise_floor(
+    runs: Mapping[str, Sequence[RunRecord]], metric: Callable[[RunRecord], float] = mean_latency
+) -> dict[str, dict[int, float]]:
+    """A/A pairs: policy -> seed -> |reduction| of repeat 2 vs repeat 1 (same configuration).
+
+    Only policies with at least two repeats of a seed appear. A difference between
+    policies smaller than these is not a result.
+    """
+    out: dict[str, dict[int, float]] = {}
+    for p in ordered(runs):
+        for seed, reps in by_seed(p, runs[p]).items():
+            if len(reps) >= 2:
+                d = abs(reduction(metric(reps[0]), metric(reps[1])))
+                out.setdefault(p, {})[seed] = d
+    return out

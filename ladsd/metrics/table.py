@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -24,9 +24,12 @@ from ladsd.metrics.summary import (
     makespan,
     mean,
     mean_latency,
+    noise_floor,
     ordered,
     p95_latency,
     reductions,
+    repeat_spread,
+    seed_metric,
     summarize,
 )
 
@@ -181,9 +184,11 @@ def drivers_grid(runs: Mapping[str, Sequence[RunRecord]]) -> Grid:
 class PolicyRow:
     policy: str
     seeds: tuple[int, ...]
-    mean_s: float  # per-run figures averaged over seeds
+    mean_s: float  # per-seed figures (mean of the seed's repeats) averaged over seeds
     p95_s: float
     makespan_s: float
+    repeats: int = 1  # most runs of one seed
+    spread_pct: float = 0.0  # (max - min) / mean of a seed's repeats, averaged over seeds
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,7 @@ class Comparison:
     baselines: dict[str, Reduction]  # LADS vs FIFO, Size-first, Tail-aware (those run)
     ablation: dict[str, Reduction]  # LADS vs Cache-first, Cache-first-noleases, Turnover-off
     reference: Reduction | None  # LADS vs infinite cache (negative: gap to the ideal)
+    noise: dict[str, dict[int, float]] = field(default_factory=dict)  # A/A: |r2 vs r1| %
 
 
 def compare(runs: Mapping[str, Sequence[RunRecord]]) -> Comparison:
@@ -202,14 +208,16 @@ def compare(runs: Mapping[str, Sequence[RunRecord]]) -> Comparison:
         idx = by_seed(p, runs[p])
         if not idx:
             raise ValueError(f"policy {p!r} has no runs")
-        rs = [idx[s] for s in sorted(idx)]
+        reps = [idx[s] for s in sorted(idx)]
         rows.append(
             PolicyRow(
                 p,
                 tuple(sorted(idx)),
-                mean(mean_latency(r) for r in rs),
-                mean(p95_latency(r) for r in rs),
-                mean(makespan(r) for r in rs),
+                mean(seed_metric(r, mean_latency) for r in reps),
+                mean(seed_metric(r, p95_latency) for r in reps),
+                mean(seed_metric(r, makespan) for r in reps),
+                max(len(r) for r in reps),
+                mean(repeat_spread(r, mean_latency) for r in reps),
             )
         )
     workloads = sorted({r.workload for rs in runs.values() for r in rs})
@@ -222,7 +230,8 @@ def compare(runs: Mapping[str, Sequence[RunRecord]]) -> Comparison:
         return reductions(runs, CANDIDATE, present) if have and present else {}
 
     ref = red([REFERENCE]).get(REFERENCE)
-    return Comparison(workloads[0], tuple(rows), red(BASELINES), red(ABLATION), ref)
+    noise = noise_floor(runs)
+    return Comparison(workloads[0], tuple(rows), red(BASELINES), red(ABLATION), ref, noise)
 
 
 def _red_grid(title: str, reds: Mapping[str, Reduction]) -> Grid:
@@ -241,18 +250,45 @@ def _red_grid(title: str, reds: Mapping[str, Reduction]) -> Grid:
     return Grid(title, headers, rows)
 
 
+def _noise_grid(noise: Mapping[str, Mapping[int, float]]) -> Grid:
+    """A/A pairs: two runs of one configuration; smaller differences are not results."""
+    seeds = sorted({s for d in noise.values() for s in d})
+    rows = tuple(
+        (
+            f"{label(p)} repeat 2 vs 1",
+            *(_f(d.get(s), 1) for s in seeds),
+            _f(sum(d.values()) / len(d), 1),
+        )
+        for p, d in noise.items()
+    )
+    headers = ("|difference| %", *(f"seed {s}" for s in seeds), "mean")
+    return Grid("Noise floor: A/A pairs (same configuration, run twice)", headers, rows)
+
+
 def comparison_grids(comp: Comparison) -> list[Grid]:
     """Latency per policy, LADS reductions vs baselines, ablation, infinite-cache gap."""
+    reps = any(r.repeats > 1 for r in comp.rows)
+    # Repeat columns only when there are repeats (older single-run tables stay as they were).
+    extra = ("runs/seed", "repeat spread %") if reps else ()
     grids = [
         Grid(
             f"Complete-workflow latency ({comp.workload}; averaged over seeds)",
-            ("policy", "seeds", "mean s", "P95 s", "makespan s"),
+            ("policy", "seeds", "mean s", "P95 s", "makespan s", *extra),
             tuple(
-                (label(r.policy), str(len(r.seeds)), _f(r.mean_s), _f(r.p95_s), _f(r.makespan_s))
+                (
+                    label(r.policy),
+                    str(len(r.seeds)),
+                    _f(r.mean_s),
+                    _f(r.p95_s),
+                    _f(r.makespan_s),
+                    *((str(r.repeats), _f(r.spread_pct, 1)) if reps else ()),
+                )
                 for r in comp.rows
             ),
         )
     ]
+    if comp.noise:
+        grids.append(_noise_grid(comp.noise))
     if comp.baselines:
         grids.append(_red_grid("LADS mean-latency reduction vs baselines", comp.baselines))
     if comp.ablation:

@@ -79,8 +79,11 @@ async def run(
     profile: Profile,
     policy_name: str,
     progress: Progress | None = None,
+    meta: dict[str, Any] | None = None,
 ) -> RunRecord:
     """Run ``workload`` under ``policy_name``; return the run record (audit checked).
+
+    ``meta`` is added to the record's meta (e.g. the plan's repeat and config).
 
     Fails fast: the first failing workflow (a failed link, a dead engine, a
     policy error) cancels the others, the lease audit still runs, and
@@ -100,7 +103,8 @@ async def run(
     rt: Runtime | None = None
     try:
         async with open_runtime(prof, policy_name, link=link) as rt:
-            return await _run(workload, prof, policy_name, rt, progress)
+            rec = await _run(workload, prof, policy_name, rt, progress)
+            return replace(rec, meta={**rec.meta, **(meta or {})})
     except Exception as e:
         audit = rt.audit if rt is not None else None
         if isinstance(e, RunFailed):

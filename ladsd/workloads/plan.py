@@ -1,0 +1,92 @@
+"""The run plan of a comparison: repeats, a rotated policy order, resumable files.
+
+Benchmark discipline on a machine whose speed drifts: every seed is a block of
+runs whose policy order rotates from block to block (so no policy always runs
+first or last), the core policies run ``repeats`` times per seed (their
+repeats are the A/A noise floor), and every run file records the configuration
+it was made with, so a resume never mixes runs of different configurations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ladsd.config import Profile
+
+# Run at least twice per seed: FIFO, Cache-first, LADS and the infinite cache.
+CORE = ("fifo", "cache-first", "lads", "infinite-cache")
+
+
+class ConfigMismatch(ValueError):
+    """A stored run file was made with another configuration than the one asked for."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One planned run."""
+
+    seed: int
+    policy: str
+    repeat: int  # 1-based
+    position: int  # place in its block's rotated order (0-based)
+    path: Path
+
+
+def order(policies: Sequence[str], block: int) -> list[str]:
+    """``policies`` rotated by ``block`` places."""
+    k = block % len(policies)
+    return list(policies[k:]) + list(policies[:k])
+
+
+def plan(
+    policies: Sequence[str], seeds: Sequence[int], repeats: int, out: Path, tag: str
+) -> list[Slot]:
+    """Blocks (seed, repeat) in order; each block runs its policies in rotated order.
+
+    Core policies run ``repeats`` times per seed, the others once. Repeat 1
+    keeps the single-run file name, so older folders resume as they are.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    slots = []
+    block = 0
+    for seed in seeds:
+        for rep in range(1, repeats + 1):
+            names = [p for p in policies if rep == 1 or p in CORE]
+            for pos, p in enumerate(order(names, block)):
+                suffix = "" if rep == 1 else f"-r{rep}"
+                slots.append(Slot(seed, p, rep, pos, out / f"{tag}-{p}-s{seed}{suffix}.json"))
+            block += 1
+    return slots
+
+
+def config(
+    prof: Profile, workload: str, seed: int, flags: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What a run is made from (its file must match it to be reused)."""
+    p = asdict(prof)
+    p.pop("extra", None)
+    return {"profile": p, "workload": workload, "seed": seed, "flags": dict(flags)}
+
+
+def check(stored: Mapping[str, Any], want: Mapping[str, Any], path: Path) -> None:
+    """Raise :class:`ConfigMismatch` naming the first field that differs."""
+    for k, (a, b) in _diff(stored, want):
+        raise ConfigMismatch(
+            f"{path} was made with {k} = {a!r}, this run asks for {b!r}; "
+            "use another --out or --no-resume"
+        )
+
+
+def _diff(a: Any, b: Any, where: str = "") -> list[tuple[str, tuple[Any, Any]]]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += _diff(a.get(k), b.get(k), f"{where}.{k}" if where else str(k))
+        return out
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        a, b = list(a), list(b)
+    return [] if a == b else [(where, (a, b))]
