@@ -20,7 +20,7 @@ before anything runs); the daemon extends each session's history token-exactly
 with its own outputs. The assistant turns are the daemon's own tool-call JSON
 (``{"name", "arguments"}``), not the recorded ``{"thought", "action", ...}``,
 and the daemon appends the tool descriptions to the system turn: prompts are
-~10 % longer than recorded (both lengths are in the results).
+longer than recorded (both lengths are in the results).
 
 One daemon per policy (``ladsd serve --policy lads`` and ``--policy fifo``,
 same profile and flags), each a subprocess on a free loopback port; the order

@@ -275,6 +275,7 @@ async def test_events_stream_shows_the_steps(http):
                 if seen[-1] == "agent_done":
                     break
     assert seen.count("agent_step") == len(steps) and seen[0] == "agent_status"
+    assert seen.count("agent_tool_result") == len(steps) - 1
 
 
 @pytest.mark.engine

@@ -25,6 +25,7 @@ import itertools
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -280,9 +281,9 @@ class _RunBackend(LinkBackend):
     result (and any lease on its history) instead of leaving it to be sent.
     """
 
-    def __init__(self, rt: Any, policy: str, run: AgentRun) -> None:
+    def __init__(self, rt: Any, policy: str, emit: Callable[[str, dict[str, Any]], None]) -> None:
         super().__init__(rt, policy)
-        self.run = run
+        self.emit = emit
 
     async def resume(
         self,
@@ -295,7 +296,7 @@ class _RunBackend(LinkBackend):
         workflow_arrival: float,
         tool_seconds: float,
     ) -> CallOutcome:
-        self.run.emit(
+        self.emit(
             "tool_result",
             {"turn": cid.turn, "bytes": len(observation), "tool_seconds": tool_seconds},
         )
@@ -405,7 +406,7 @@ class AgentRuns:
 
         try:
             rt = self.d.rt
-            backend = _RunBackend(rt, rt.policy.name, run)
+            backend = _RunBackend(rt, rt.policy.name, lambda k, d: self._emit(run, k, d))
             rec = await run_workflow(
                 run.task,
                 backend,
