@@ -1,0 +1,371 @@
+"""A real ``ladsd serve`` subprocess on SmolLM2-135M (real weights, CPU), policy LADS,
+driven by the official ``openai`` client and plain HTTP.
+
+One server for the module, on a small pool so a flood is cheap: 40 blocks of 32
+tokens, context 1,024, ``H`` = 16 blocks, ``l`` = 120 s (long enough that no
+lease expires while this machine is slow: no test depends on timing).
+
+* chat, streaming, a tool-call round trip with a ``tool`` message, OpenAI's
+  error shape, ``cached_tokens``;
+* the lease test: session A ends in a tool call and its history is leased;
+  sessions B..K flood the pool with distinct prompts; A's next turn still finds
+  its whole history cached (tests/test_serve_fifo.py: near 0 without leases);
+  ``/v1/events`` shows the grant and the handoff; the lease counters of
+  ``/metrics`` move;
+* a preference is revoked when a large request takes the pool below ``H`` (the
+  event says so); a requirement that cannot be held is refused with 409, one
+  that can is held.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ladsd.engine.lease_book import LeaseBook
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+START_S = 600  # hang guards only: this machine may be shared and slow
+CALL_S = 300
+BLOCK = 32
+POOL = ["--kv-blocks", "40", "--max-model-len", "1024", "--headroom-blocks", "16"]
+POOL += ["--lease-s", "120"]
+# The lease book's retention-as-a-requirement, lease events and T_B from intent are
+# another engineer's work in progress; until LeaseBook.require exists these fail.
+LEASE_BOOK = hasattr(LeaseBook, "require")
+needs_lease_book = pytest.mark.xfail(
+    not LEASE_BOOK,
+    reason="needs LeaseBook.require, EngineState.events, T_B from expected_wait_s",
+    run=False,  # not run until then: each would wait for a grant up to its hang guard
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"],
+        },
+    },
+}
+FORCE = {"type": "function", "function": {"name": "get_weather"}}
+SYSTEM = "You are a helpful assistant. Use the tools when they help."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``ladsd serve`` in a subprocess; its output goes to a file (no pipe to fill)."""
+
+    def __init__(self, *flags: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(self.port), *flags]
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy()
+        )
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text()
+
+    def wait_ready(self) -> Server:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"ladsd serve exited {self.proc.returncode}:\n{self.output()}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        pytest.fail(f"ladsd serve not healthy after {START_S} s:\n{self.output()}")
+
+    def client(self, **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=f"{self.base}/v1", api_key="unused", max_retries=0, timeout=CALL_S, **kw
+        )
+
+    def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"{self.base}{path}", data=data, method=method)
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=CALL_S) as r:
+                raw, status = r.read(), r.status
+        except urllib.error.HTTPError as e:
+            raw, status = e.read(), e.code
+        try:
+            return status, json.loads(raw)
+        except json.JSONDecodeError:
+            return status, raw.decode()
+
+    def get(self, path: str) -> Any:
+        status, out = self.http("GET", path)
+        assert status == 200, (path, status, out)
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=CALL_S) as r:
+            text = r.read().decode()
+        return {f.name: f.samples[0].value for f in text_string_to_metric_families(text)}
+
+    def events(self, session: str, until: set[str]) -> list[dict[str, Any]]:
+        """Read ``/v1/events`` for ``session`` (its backlog first) until every kind in
+        ``until`` was seen."""
+        url = f"{self.base}/v1/events?session_id={session}&backlog=1000"
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + CALL_S  # a hang guard (heartbeats come every 15 s)
+        with urllib.request.urlopen(url, timeout=CALL_S) as r:
+            for line in r:
+                if line.startswith(b"data: "):
+                    seen.append(json.loads(line[6:]))
+                if until <= {e["type"] for e in seen} or time.monotonic() > deadline:
+                    break
+        return seen
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=START_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def close(self) -> None:
+        self.stop()
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+def serve(*flags: str, pool: list[str] = POOL) -> Iterator[Server]:
+    srv = Server("--model", MODEL, *pool, *flags)
+    try:
+        yield srv.wait_ready()
+    finally:
+        rc = srv.stop()
+        out = srv.output()
+        srv.close()
+    assert rc == 0, out
+    assert "audit balanced" in out, out
+
+
+def wait_for(what: str, check: Any, timeout: float = CALL_S) -> Any:
+    """Poll ``check()`` until it is truthy (a hang guard, not a timing assertion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def tool_turn(c: openai.OpenAI, session: str, user: str, **kw: Any) -> Any:
+    """A session's first turn, forced to call get_weather."""
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+    r = c.chat.completions.create(
+        model=MODEL, messages=msgs, tools=[WEATHER], tool_choice=FORCE, max_tokens=40,
+        temperature=0, extra_headers={"x-session-id": session}, **kw,
+    )  # fmt: skip
+    assert r.choices[0].finish_reason == "tool_calls", r
+    return msgs, r
+
+
+def answer_turn(c: openai.OpenAI, session: str, msgs: list, first: Any, result: str) -> Any:
+    """The next turn: the assistant's tool call echoed back + the tool's result."""
+    m = first.choices[0].message
+    msgs = [*msgs, m.model_dump(exclude_none=True)]
+    msgs.append({"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": result})
+    return c.chat.completions.create(
+        model=MODEL, messages=msgs, tools=[WEATHER], tool_choice="none", max_tokens=8,
+        temperature=0, extra_headers={"x-session-id": session},
+    )  # fmt: skip
+
+
+def flood(c: openai.OpenAI, n: int = 10) -> None:
+    """Sessions B..K: distinct prompts (no shared prefix), ~5 blocks each, one by one,
+    more in all than the pool holds."""
+    for i in range(n):
+        text = " ".join(f"{chr(66 + i)}{i}-{j}:{j * 7 + i}" for j in range(30))
+        r = c.chat.completions.create(
+            model=MODEL, max_tokens=1, temperature=0,
+            messages=[{"role": "user", "content": f"Flood {chr(66 + i)}. {text}"}],
+            extra_headers={"x-session-id": f"flood-{chr(66 + i)}"},
+        )  # fmt: skip
+        assert r.usage.prompt_tokens > 4 * BLOCK
+
+
+def lease_run(srv: Server) -> tuple[int, int]:
+    """Session A's tool call, a flood, A's next turn: (A's history, A's cached tokens)."""
+    c = srv.client()
+    msgs, first = tool_turn(c, "A", "What is the weather in Paris? Do I need an umbrella?")
+    history = srv.get("/v1/sessions/A")["history_tokens"]
+    output = first.usage.prompt_tokens + first.usage.completion_tokens
+    assert history in (output, output + 1)  # + <|im_end|> if the output lacks it
+    if srv.get("/v1/engine/state")["leases_enabled"]:
+        wait_for("A's lease", lambda: srv.get("/v1/sessions/A")["lease"]["status"] == "granted")
+    flood(c)
+    nxt = answer_turn(c, "A", msgs, first, "Rain, 12 C, wind 30 km/h.")
+    assert nxt.usage.prompt_tokens > history  # the history, extended
+    return history, nxt.usage.prompt_tokens_details.cached_tokens
+
+
+@pytest.fixture(scope="module")
+def srv(model_ready) -> Iterator[Server]:
+    yield from serve("--policy", "lads")
+
+
+# ---- OpenAI compatibility --------------------------------------------------------------
+
+
+def test_models_and_a_chat(srv: Server):
+    c = srv.client()
+    assert [m.id for m in c.models.list()] == [MODEL]
+    r = c.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens <= 12
+    assert isinstance(r.usage.prompt_tokens_details.cached_tokens, int)
+
+
+def test_streaming(srv: Server):
+    stream = srv.client().chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert "Paris" in text
+    finish = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finish[-1] in ("stop", "length") and all(f is None for f in finish[:-1])
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+
+
+def test_bad_requests_get_openais_error_shape(srv: Server):
+    c = srv.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=[{"role": "robot", "content": "x"}])
+    assert e.value.status_code == 400 and e.value.param == "messages[0].role"
+    assert e.value.type == "invalid_request_error"
+    with pytest.raises(openai.NotFoundError) as e:
+        c.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+    assert e.value.code == "model_not_found"
+    status, body = srv.http("POST", "/v1/chat/completions", {"model": MODEL})
+    assert status == 400 and set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+
+
+def test_tool_call_round_trip_with_a_tool_message(srv: Server):
+    c = srv.client()
+    msgs, first = tool_turn(c, "T", "What is the weather in Oslo?")
+    call = first.choices[0].message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    assert first.choices[0].message.content is None
+    nxt = answer_turn(c, "T", msgs, first, "Snow, -3 C.")
+    assert nxt.choices[0].finish_reason in ("stop", "length")
+    # The history was extended token-exactly, nothing evicted it: whole blocks cached.
+    history = first.usage.prompt_tokens + first.usage.completion_tokens
+    assert nxt.usage.prompt_tokens_details.cached_tokens >= history - BLOCK
+    assert srv.http("DELETE", "/v1/sessions/T")[0] == 200
+
+
+# ---- leases over HTTP ---------------------------------------------------------------------
+
+
+@needs_lease_book
+def test_a_leased_history_survives_a_flood(srv: Server):
+    before = srv.metrics()
+    history, cached = lease_run(srv)
+    assert cached >= history - BLOCK  # all but the partial last block
+    kinds = [e["type"] for e in srv.events("A", {"grant", "handoff"})]
+    assert "grant" in kinds and "handoff" in kinds
+    assert kinds.index("grant") < kinds.index("handoff")
+    after = srv.metrics()
+    assert after["ladsd_lease_grants"] > before["ladsd_lease_grants"]
+    assert after["ladsd_lease_handoffs"] > before["ladsd_lease_handoffs"]
+    assert after["vllm:prefix_cache_hits"] - before["vllm:prefix_cache_hits"] >= cached
+    assert srv.get("/v1/sessions/A")["lease"]["status"] == "handed_off"
+
+
+@needs_lease_book
+def test_preference_revoked_requirement_refused_or_held(srv: Server):
+    c = srv.client()
+    tool_turn(c, "R", "Weather in Rome, please.")
+    wait_for("R's lease", lambda: srv.get("/v1/sessions/R")["lease"]["status"] == "granted")
+    # Z's ~850-token prompt takes the pool below H while it runs: R's lease is revoked.
+    # Its history (27 blocks) is more than U + F - H can ever hold: the requirement fails.
+    facts = " ".join(f"city{j} has {j % 9} parks" for j in range(120))
+    tool_turn(c, "Z", f"Facts: {facts}. What is the weather in Zurich?")
+    kinds = [e["type"] for e in srv.events("R", {"revocation"})]
+    assert "revocation" in kinds
+    assert srv.get("/v1/sessions/R")["lease"]["status"] == "revoked"
+    status, out = srv.http("POST", "/v1/sessions/Z/retention", {"mode": "requirement"})
+    assert status == 409 and out["error"]["code"] == "refused", out
+    assert out["error"]["message"]  # the engine's reason
+    assert srv.get("/v1/sessions/Z")["lease"]["status"] == "refused"
+    # A small history fits: the requirement is held (and stays bounded by l and H).
+    tool_turn(c, "Q", "Weather in Quito?")
+    status, out = srv.http("POST", "/v1/sessions/Q/retention", {"mode": "requirement"})
+    assert status == 200 and out["status"] == "held", out
+    st = srv.get("/v1/engine/state")
+    assert st["U"] <= st["total_blocks"] - st["H"] and st["l"] == 120.0
+    for sid in ("R", "Z", "Q"):
+        assert srv.http("DELETE", f"/v1/sessions/{sid}")[0] == 200
+    kinds = [e["type"] for e in srv.events("Q", {"cancellation"})]
+    assert "cancellation" in kinds  # DELETE released Q's lease
+
+
+def test_metrics_parse(srv: Server):
+    m = srv.metrics()
+    for name in (
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
+        "ladsd_lease_grants", "ladsd_lease_denials", "ladsd_lease_handoffs",
+        "ladsd_lease_expiries", "ladsd_lease_revocations", "ladsd_lease_active",
+        "ladsd_lease_protected_blocks", "ladsd_lease_budget_blocks",
+        "ladsd_delivery_queued_results", "ladsd_delivery_decisions",
+        "ladsd_delivery_promotions", "ladsd_delivery_fallbacks", "ladsd_delivery_link_bytes",
+        "ladsd_sessions_active",
+    ):  # fmt: skip
+        assert name in m, name
+    assert m["vllm:prefix_cache_queries"] >= m["vllm:prefix_cache_hits"] > 0
+    assert m["ladsd_engine_alive"] == 1
