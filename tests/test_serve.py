@@ -199,10 +199,16 @@ def tool_turn(c: openai.OpenAI, session: str, user: str, **kw: Any) -> Any:
     return msgs, r
 
 
-def answer_turn(c: openai.OpenAI, session: str, msgs: list, first: Any, result: str) -> Any:
-    """The next turn: the assistant's tool call echoed back + the tool's result."""
+def answer_turn(
+    c: openai.OpenAI, session: str, msgs: list, first: Any, result: str, raw: bool = False
+) -> Any:
+    """The next turn: the assistant's tool call echoed back + the tool's result.
+
+    ``raw``: the client's message object itself (with its None fields), as the
+    openai docs do; else its dict without them.
+    """
     m = first.choices[0].message
-    msgs = [*msgs, m.model_dump(exclude_none=True)]
+    msgs = [*msgs, m if raw else m.model_dump(exclude_none=True)]
     msgs.append({"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": result})
     return c.chat.completions.create(
         model=MODEL, messages=msgs, tools=[WEATHER], tool_choice="none", max_tokens=8,
@@ -300,7 +306,7 @@ def test_tool_call_round_trip_with_a_tool_message(srv: Server):
     assert call.type == "function" and call.function.name == "get_weather"
     assert isinstance(json.loads(call.function.arguments)["city"], str)
     assert first.choices[0].message.content is None
-    nxt = answer_turn(c, "T", msgs, first, "Snow, -3 C.")
+    nxt = answer_turn(c, "T", msgs, first, "Snow, -3 C.", raw=True)
     assert nxt.choices[0].finish_reason in ("stop", "length")
     # The history was extended token-exactly, nothing evicted it: whole blocks cached.
     history = first.usage.prompt_tokens + first.usage.completion_tokens

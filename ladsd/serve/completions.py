@@ -124,6 +124,10 @@ class Turn:
         except (asyncio.CancelledError, ConnectionError):
             self._gone()
             raise
+        except BaseException:
+            if p.cid is not None:
+                d.cancel(p.cid)  # the bound request failed: its lease protects nothing now
+            raise
         finally:
             if s is not None:
                 s.busy = False
@@ -165,6 +169,8 @@ class Turn:
                         await resp.write(chunk({"content": text[sent:]}))
                         sent = len(text)
         except EngineError as e:  # headers are out: the error goes in the stream
+            if p.cid is not None:
+                self.d.cancel(p.cid)
             status = 503 if isinstance(e, EngineDead) else 400
             err = ApiError(status, str(e), code="engine_dead" if status == 503 else None)
             await resp.write(sse(err.body()))
