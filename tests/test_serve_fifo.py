@@ -31,6 +31,7 @@ def test_without_leases_the_flood_evicts_the_history(srv: Server):
     history, cached = lease_run(srv)
     assert history > 4 * BLOCK
     assert cached <= BLOCK  # near 0 (tests/test_serve.py: >= history - 1 block with leases)
+    assert srv.get("/v1/sessions/A")["lease"]["status"] == "no_leases"
     status, out = srv.http("POST", "/v1/sessions/A/retention", {"mode": "requirement"})
     assert status == 409 and out["error"]["code"] in ("leases_disabled", "not_waiting")
     assert srv.metrics()["ladsd_lease_grants"] == 0

@@ -74,7 +74,9 @@ def announce(d: Daemon, s: Session, tool: str) -> None:
     """``s`` ended in a call of ``tool``: its history waits; tell the lease provider."""
     n = notice(s, tool)
     s.waiting = n
-    s.lease = LeaseView(n.cid)
+    # Without leases (e.g. --policy fifo) the notice is still sent, as the replay does,
+    # but nothing will ever be granted: say so instead of "announced".
+    s.lease = LeaseView(n.cid, status="announced" if d.leases_enabled else "no_leases")
     try:
         d.live_engine().notice(n)  # queued ahead of the client's next request
     except (EngineDead, ApiError):

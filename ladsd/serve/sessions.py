@@ -57,7 +57,9 @@ class LeaseView:
 
     cid: ContinuationId
     mode: str = "preference"  # preference | requirement
-    status: str = "announced"  # announced | granted | denied | refused | handed_off | ...
+    # announced | no_leases | granted | denied | refused | handed_off | expired | revoked
+    # | cancelled
+    status: str = "announced"
     protected_blocks: int = 0
     exclusive_blocks: int = 0
     granted_at: float | None = None
