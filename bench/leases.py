@@ -90,21 +90,21 @@ def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
 
     cid = ContinuationId("bench", 1)
     n = HistoryNotice(cid, tuple(hist), "p", "d", 0.0, 100)
-    from ladsd.engine.lease_book import Pending
+    from ladsd.engine.candidates import Pending
     from ladsd.records import LeaseStatus
 
-    pend = Pending(n, hashes, resident=groups, size=n_blocks)
-
     def book_pair() -> None:
-        lease = book._acquire(pend, 0.0)
-        book._release(lease, LeaseStatus.CANCELLED, "bench", 0.0)
+        lease = book.table.acquire(
+            n, groups, granted_at=0.0, deadline=8.0, committed=False, generation=0, now=0.0
+        )
+        book.table.release(lease, LeaseStatus.CANCELLED, 0.0)
 
     pend_view = Pending(n, hashes)
-    book._resident(pend_view)  # first lookup, then cached checks
+    book.cands.resident(pend_view)  # first lookup, then cached checks
 
     def recheck() -> None:
         pool.hash_epoch += 1  # as after any eviction: verify every block's hash
-        book._resident(pend_view)
+        book.cands.resident(pend_view)
 
     out = {
         "vllm_touch_free_ns": best(lambda: timed(vllm_pair), repeat),
@@ -178,7 +178,7 @@ def main() -> None:
     names = {
         "vllm_touch_free_ns": "vLLM BlockPool.touch + free_blocks",
         "lease_pool_touch_free_ns": "LeaseBlockPool.lease_touch + lease_free",
-        "lease_book_acquire_release_ns": "LeaseBook acquire + release",
+        "lease_book_acquire_release_ns": "LeaseTable acquire + release",
         "hash_history_ns": "hash history (vLLM block hasher)",
         "lookup_prefix_ns": "find_longest_cache_hit",
         "recheck_prefix_ns": "re-check a cached P_i after an eviction",

@@ -130,6 +130,13 @@ class LeaseEvent:
 
 
 class LeaseStatus(StrEnum):
+    """GRANTED while a lease holds its references; otherwise how it ended.
+
+    The engine stamps the end on its lease when it releases it.
+    :class:`EngineState` publishes active leases only, so a published record
+    is GRANTED; a record of any other status stands for no protection.
+    """
+
     GRANTED = "granted"
     HANDED_OFF = "handed_off"
     EXPIRED = "expired"
@@ -149,7 +156,7 @@ class LeaseRecord:
     granted_at: float  # g_i (first grant)
     deadline: float  # d_i = g_i + l
     generation: int  # budget generation at publication
-    status: LeaseStatus = LeaseStatus.GRANTED
+    status: LeaseStatus = LeaseStatus.GRANTED  # the lease's own status when published
     committed_before_grant: bool = False  # grant recorded after commitment?
 
 

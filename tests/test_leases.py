@@ -315,14 +315,14 @@ def test_double_release_is_harmless() -> None:
     ha = toks(1, 6)
     r.run(ha)
     r.notice(A, ha)
-    lease = r.book.leases[A]
+    lease = r.book.table.leases[A]
     blocks = list(lease.blocks)
     req = r.add(cont(ha), max_tokens=8)  # a running request shares the blocks
     r.step()
     assert all(b.ref_cnt == 2 for b in blocks)
     r.s.lease_cancel(A)
     r.s.lease_cancel(A)
-    assert r.book._release(lease, LeaseStatus.CANCELLED, "x", r.clk()) is False
+    assert r.book.table.release(lease, LeaseStatus.CANCELLED, r.clk()) is False
     assert r.pool.lease_free(blocks) == 0  # no lease reference left: nothing freed
     r.ok()
     assert all(b.ref_cnt == 1 for b in blocks)  # the request's references are intact
@@ -344,7 +344,7 @@ def test_shared_blocks_between_two_leases_and_a_running_request() -> None:
     st = r.s.lease_state()
     assert st.U == 11  # 5 shared + 3 + 3
     assert st.lease_for(A).exclusive_blocks == 3 and st.lease_for(B).exclusive_blocks == 3
-    sblocks = r.book.leases[A].blocks[:5]
+    sblocks = r.book.table.leases[A].blocks[:5]
     assert [r.pool.lease_ref(b.block_id) for b in sblocks] == [2] * 5
     req = r.add(shared + toks(4, 4), max_tokens=6)
     r.step()
@@ -492,12 +492,12 @@ def test_a_stripped_hash_cuts_the_lease_at_that_block() -> None:
     ha = toks(1, 8)
     r.run(ha)
     r.notice(A, ha)
-    blocks = list(r.book.leases[A].blocks)
+    blocks = list(r.book.table.leases[A].blocks)
     r.s.kv_cache_manager.evict_blocks({blocks[5].block_id})  # e.g. a KV connector
     r.ok()  # tolerated until the next lease operation drains it
     r.s.lease_tick()
     r.ok()
-    lease = r.book.leases[A]
+    lease = r.book.table.leases[A]
     assert [b.block_id for b in lease.blocks] == [b.block_id for b in blocks[:5]]
     assert r.s.lease_state().counters["stripped_blocks"] == 3
     assert all(b.ref_cnt == 0 for b in blocks[5:])
@@ -508,7 +508,7 @@ def test_integrity_check_and_audit_fail_loudly() -> None:
     ha = toks(1, 4)
     r.run(ha)
     r.notice(A, ha)
-    block = r.book.leases[A].blocks[0]
+    block = r.book.table.leases[A].blocks[0]
     r.pool.touch([block])  # a reference nobody owns
     with pytest.raises(LeaseIntegrityError, match=f"block {block.block_id}"):
         r.s.check_integrity()
@@ -563,7 +563,7 @@ def test_inventory_before_notice_counts_the_frame_once() -> None:
     r.items[A] = InventoryItem(A, Phase.PENDING, 500, r.clk())
     r.publish()  # the sender lists A before the engine hears of it
     r.s.lease_notice(HistoryNotice(A, tuple(ha), "p", "d", r.clk(), 500))
-    assert r.book._link_times() == {A: pytest.approx((1028 + 500) / 4000.0)}
+    assert r.book.cands.link_times() == {A: pytest.approx((1028 + 500) / 4000.0)}
     assert r.lease(A) is not None
     r.phase(A, Phase.RECEIVED)
     r.s.lease_notice(HistoryNotice(B, tuple(ha), "p", "d", r.clk(), 5))
@@ -572,4 +572,4 @@ def test_inventory_before_notice_counts_the_frame_once() -> None:
     r.publish()
     r.s.lease_notice(HistoryNotice(late, tuple(ha), "p", "d", r.clk(), 5))
     assert r.s.lease_state().counters["late_notices"] == 1
-    assert late not in r.book.pending
+    assert late not in r.book.cands.pending

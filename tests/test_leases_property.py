@@ -119,7 +119,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data(), twice=st.booleans())
     def release(self, data: st.DataObject, twice: bool) -> None:
         cid = self.pick(data, list(self.history))
-        lease = self.book.leases.get(cid)
+        lease = self.book.table.leases.get(cid)
         if lease is not None:
             self.stale.append((lease, list(lease.blocks)))
         self.s.lease_cancel(cid)
@@ -133,7 +133,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def release_stale(self, data: st.DataObject) -> None:
         """Releasing an already released lease is a no-op."""
         lease, held = data.draw(st.sampled_from(self.stale))
-        assert self.book._release(lease, LeaseStatus.CANCELLED, "x", self.clk()) is False
+        assert self.book.table.release(lease, LeaseStatus.CANCELLED, self.clk()) is False
         mine = [b for b in held if self.pool.lease_ref(b.block_id) == 0]
         assert self.pool.lease_free(mine) == 0  # no lease reference: nothing is freed
 
@@ -141,7 +141,7 @@ class LeaseMachine(RuleBasedStateMachine):
     def expire(self, dt: float) -> None:
         self.clk.advance(dt)
         self.s.lease_tick()
-        assert all(x.deadline > self.clk() for x in self.book.leases.values())
+        assert all(x.deadline > self.clk() for x in self.book.table.leases.values())
 
     @rule(n_blocks=st.integers(1, 30), max_tokens=st.integers(1, 120), steps=st.integers(1, 4))
     def allocate(self, n_blocks: int, max_tokens: int, steps: int) -> None:
@@ -164,7 +164,7 @@ class LeaseMachine(RuleBasedStateMachine):
     @rule(data=st.data(), same=st.booleans(), leased=st.booleans())
     def handoff(self, data: st.DataObject, same: bool, leased: bool) -> None:
         """Receipt: register the continuation (or a diverging prompt) and step."""
-        held = [c for c in self.items if c in self.book.leases]
+        held = [c for c in self.items if c in self.book.table.leases]
         cid = self.pick(data, held if leased and held else list(self.items))
         del self.items[cid]
         self.publish()
@@ -172,48 +172,49 @@ class LeaseMachine(RuleBasedStateMachine):
         prompt = hist + blocks(7, 1) if same else hist[: 2 * BS] + blocks(8, 2)
         req = self.add(prompt, max_tokens=3)
         self.s.lease_bind(cid, req.request_id)
-        lease = self.book.leases.get(cid)
+        lease = self.book.table.leases.get(cid)
         held = [b.block_id for b in lease.blocks] if lease else []
-        handoffs = self.book.counters["handoffs"]
         testing.step(self.s)
-        if self.book.counters["handoffs"] > handoffs:
+        if lease is not None and lease.status is LeaseStatus.HANDED_OFF:
             # Only a block table that holds the protected blocks takes the lease over.
             table = self.s.kv_cache_manager.coordinator.get_blocks(req.request_id)[0]
             assert [b.block_id for b in table[: len(held)]] == held
 
-    @precondition(lambda self: bool(self.book.holders))
+    @precondition(lambda self: bool(self.book.table.holders))
     @rule(data=st.data())
     def strip(self, data: st.DataObject) -> None:
         """A leased block loses its hash (e.g. a KV connector eviction)."""
-        bid = self.pick(data, list(self.book.holders))
+        bid = self.pick(data, list(self.book.table.holders))
         self.s.kv_cache_manager.evict_blocks({bid})
         self.s.lease_tick()
 
     @rule()
     def reset(self) -> None:
-        before = dict(self.book.leases)
+        before = dict(self.book.table.leases)
         if self.s.reset_prefix_cache():
-            assert not self.book.leases and not self.pool.lease_refs
+            assert not self.book.table.leases and not self.pool.lease_refs
         else:
-            assert self.book.leases == before  # vLLM refused: leases untouched
+            assert self.book.table.leases == before  # vLLM refused: leases untouched
 
     # -- invariants --------------------------------------------------------
 
     @invariant()
     def integrity(self) -> None:
         self.s.check_integrity()
-        assert self.pool.num_leased_blocks == len(self.book.holders)
+        assert self.pool.num_leased_blocks == len(self.book.table.holders)
         assert self.book.records() == self.book._build_records()  # the cache is current
-        for x in self.book.leases.values():
-            assert x.deadline == self.book.first_grant[x.cid] + LIFETIME
+        for x in self.book.table.leases.values():
+            assert x.deadline == x.granted_at + LIFETIME
+            p = self.book.cands.pending.get(x.cid)
+            assert p is None or p.granted_at == x.granted_at  # a regrant keeps g_i
             assert all(b.ref_cnt >= 1 for b in x.blocks)
 
     @invariant()
     def residency(self) -> None:
         """The cached ``P_i`` of every candidate equals a fresh vLLM lookup."""
         kv = self.s.kv_cache_manager
-        for p in list(self.book.pending.values()):
-            cached = [b.block_hash for b in self.book._resident(p)]
+        for p in list(self.book.cands.pending.values()):
+            cached = [b.block_hash for b in self.book.cands.resident(p)]
             fresh = flatten(lookup(kv, p.hashes, len(p.notice.token_ids)))
             assert cached == [b.block_hash for b in fresh]
 
@@ -222,7 +223,7 @@ class LeaseMachine(RuleBasedStateMachine):
         """Below H, no remaining lease could free a block by being revoked."""
         self.book.maintain(self.clk())
         if self.pool.get_num_free_blocks() < H:
-            for x in self.book.leases.values():
+            for x in self.book.table.leases.values():
                 assert not any(
                     b.ref_cnt == 1 and self.pool.lease_ref(b.block_id) == 1 for b in x.blocks
                 )

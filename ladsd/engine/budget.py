@@ -1,4 +1,4 @@
-"""The lease budget of spec section 3.1 as pure functions.
+"""The lease budget of spec section 3.1 (and the grant order of 3.2) as pure functions.
 
 Every symbol is the spec's: ``tau`` (remaining horizon), ``T_B`` (FIFO-inventory
 estimate of the time to first successful allocation), ``N`` (near-use set),
@@ -12,6 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+K = TypeVar("K")
+
+
+def fifo_key(ready_time: float, ident: K) -> tuple[float, K]:
+    """Grant order (spec 3.2): ready time, then identity and version.
+
+    ``ident`` is a :class:`~ladsd.records.ContinuationId`, whose own order
+    (``order=True``) is (workflow, turn, version); the key only puts the ready
+    time in front. The one definition for candidates, leases and link times.
+    """
+    return (ready_time, ident)
 
 
 def remaining_horizon(lifetime: float, granted_at: float | None, now: float) -> float:

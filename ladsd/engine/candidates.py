@@ -1,0 +1,256 @@
+"""Grant candidates: announced results on their way to the engine (spec 3.1-3.2).
+
+Contract (mini-sglang style: one owner per structure):
+
+* Owns: the announced pending results (``pending``: each
+  :class:`~ladsd.records.HistoryNotice` becomes a :class:`Pending` with its
+  block hashes, its last resident prefix ``P_i``, its commitment mark and its
+  first grant time ``g_i``); the sender's latest causal inventory (``inv`` and
+  its ``phases``); the version of the one live continuation of each turn
+  (``latest``); and the FIFO view the budget and the grants read.
+* Holds no block references: ``P_i`` is looked up in vLLM's prefix cache and
+  re-checked through the pool's hash epoch, never touched (no lock/unlock here).
+* Callers: only :class:`~ladsd.engine.lease_book.LeaseBook`, on the engine
+  thread; nothing locks. The book decides when a continuation stops being a
+  candidate (:meth:`forget`: received, registered, cancelled, superseded,
+  never listed) and when it is *settled* (:meth:`settle`: it has no candidate
+  entry and no lease left).
+* Memory: a continuation is *live* while it has a candidate entry or a lease;
+  at most one continuation per turn is live (an announcement supersedes older
+  versions). ``latest`` holds exactly the turns with a live continuation, so
+  everything here is bounded by the live continuations plus the sender's
+  inventory. ``g_i`` and the commitment mark live on the :class:`Pending`:
+  grants happen only to candidates, so a continuation can be granted (and
+  re-granted with its first ``g_i``) exactly while it is a candidate.
+* Integrity: :meth:`check_integrity`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import BlockHash, BlockHashWithGroupId, KVCacheBlock
+
+from ladsd.engine import budget as bud
+from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
+from ladsd.engine.resident import Hasher, flatten, lookup_hit, make_hasher, prefix_hashes
+from ladsd.records import ContinuationId, HistoryNotice, InventoryItem, Phase, SenderInventory
+
+Turn = tuple[str, int]  # (workflow, turn)
+View = list[tuple["Pending", bud.Candidate]]
+
+
+def turn_of(cid: ContinuationId) -> Turn:
+    return (cid.workflow, cid.turn)
+
+
+@dataclass
+class Pending:
+    """An announced continuation not yet received: a grant candidate."""
+
+    notice: HistoryNotice
+    hashes: list[BlockHash]
+    resident: tuple[list[KVCacheBlock], ...] = ()
+    size: int = 0  # |P_i| at the last lookup
+    complete: bool = False  # every full block of the history was resident
+    checked: list[tuple[KVCacheBlock, BlockHashWithGroupId | None]] = field(default_factory=list)
+    epoch: int = -1  # pool hash epoch of the last check
+    ids: frozenset[int] = frozenset()  # block ids of P_i
+    listed: bool = False  # seen in a sender inventory
+    committed: bool = False  # seen committed (or later) by the sender
+    granted_at: float | None = None  # g_i, fixed by the first grant
+
+    @property
+    def cid(self) -> ContinuationId:
+        return self.notice.cid
+
+    @property
+    def key(self) -> tuple[float, ContinuationId]:
+        return bud.fifo_key(self.notice.ready_time, self.notice.cid)
+
+
+class Candidates:
+    """Announced results, the sender's inventory and the FIFO view (see the contract)."""
+
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        pool: LeaseBlockPool,
+        lifetime: float,
+        hash_block_size: int,
+        hash_algo: str = "sha256",
+    ) -> None:
+        self.kv = kv
+        self.pool = pool
+        self.lifetime = lifetime  # l
+        self._hash_args = (hash_block_size, hash_algo)
+        self._hasher: Hasher | None = None  # lazy: NONE_HASH is set after the scheduler
+        self.pending: dict[ContinuationId, Pending] = {}
+        self.latest: dict[Turn, int] = {}  # version of the live continuation per turn
+        self.inv: SenderInventory | None = None
+        self.phases: dict[ContinuationId, Phase] = {}  # phases in the latest inventory
+
+    # -- announcements and versions ------------------------------------------
+
+    def stale(self, cid: ContinuationId) -> bool:
+        """A newer version of ``cid``'s turn is live."""
+        v = self.latest.get(turn_of(cid))
+        return v is not None and cid.version < v
+
+    def older(self, cid: ContinuationId) -> ContinuationId | None:
+        """The live continuation that ``cid`` supersedes (an older version of its turn)."""
+        v = self.latest.get(turn_of(cid))
+        if v is None or v >= cid.version:
+            return None
+        return ContinuationId(cid.workflow, cid.turn, v)
+
+    def announce(self, n: HistoryNotice) -> Pending:
+        """A new candidate; call after superseding older versions of its turn."""
+        turn = turn_of(n.cid)
+        if self.latest.get(turn, n.cid.version) != n.cid.version or n.cid in self.pending:
+            raise LeaseIntegrityError(f"{n.cid.key()} announced while its turn is live")
+        phase = self.phases.get(n.cid)
+        p = Pending(n, self._hash(n), listed=phase is not None, committed=phase is Phase.COMMITTED)
+        self.pending[n.cid] = p
+        self.latest[turn] = n.cid.version
+        return p
+
+    def forget(self, cid: ContinuationId) -> bool:
+        """No longer a grant candidate; True if it was one. A lease is not affected."""
+        return self.pending.pop(cid, None) is not None
+
+    def settle(self, cid: ContinuationId) -> None:
+        """``cid`` has no candidate entry and no lease left: forget its turn's version."""
+        turn = turn_of(cid)
+        if cid not in self.pending and self.latest.get(turn) == cid.version:
+            del self.latest[turn]
+
+    def unlisted(self, now: float) -> list[ContinuationId]:
+        """Candidates the sender has not listed within ``l`` of readiness."""
+        return [
+            cid
+            for cid, p in self.pending.items()
+            if not p.listed and p.notice.ready_time + self.lifetime < now
+        ]
+
+    def clear(self) -> None:
+        self.pending.clear()
+        self.latest.clear()
+        self.inv, self.phases = None, {}
+
+    # -- the sender's inventory ------------------------------------------------
+
+    def listed(self) -> set[ContinuationId]:
+        """Candidates seen in a sender inventory so far."""
+        return {c for c, p in self.pending.items() if p.listed}
+
+    def observe(self, inv: SenderInventory) -> bool:
+        """Take the latest inventory; True if it is the first one."""
+        first = self.inv is None
+        self.inv = inv
+        self.phases = {it.cid: it.phase for it in inv.items}
+        return first
+
+    def mark(self, it: InventoryItem) -> bool:
+        """Listing and commitment marks of a pending or committed item; True if newly listed."""
+        p = self.pending.get(it.cid)
+        if p is None:
+            return False
+        p.committed |= it.phase is not Phase.PENDING
+        fresh, p.listed = not p.listed, True
+        return fresh
+
+    # -- the FIFO view ---------------------------------------------------------
+
+    def ordered(self) -> list[Pending]:
+        return sorted(self.pending.values(), key=lambda x: x.key)
+
+    def view(self, now: float, delay: float) -> View:
+        """Candidates in FIFO order with fresh ``P_i``, ``tau`` and ``T_B`` (spec 3.1)."""
+        link = self.link_times()
+        out: View = []
+        for p in self.ordered():
+            self.resident(p)
+            tau = bud.remaining_horizon(self.lifetime, p.granted_at, now)
+            t_b = bud.time_to_allocation(link.get(p.cid, math.inf), delay)
+            out.append((p, bud.Candidate(p.cid, p.ids, tau, t_b)))
+        return out
+
+    def link_times(self) -> dict[ContinuationId, float]:
+        """``(Q_B + sum_{j<=i}(h + p_j)) / R`` per pending identity; committed: ``Q_B / R``."""
+        inv = self.inv
+        if inv is None:
+            return {}  # no link rate known yet: T_B is infinite
+        out: dict[ContinuationId, float] = {}
+        queue: list[tuple[tuple[float, ContinuationId], int]] = []
+        for it in inv.items:
+            if it.phase is Phase.PENDING:
+                queue.append((bud.fifo_key(it.ready_time, it.cid), it.payload_bytes))
+            elif it.phase is Phase.COMMITTED:
+                out[it.cid] = inv.q_b / inv.rate
+        for p in self.pending.values():
+            if not p.listed:  # announced, about to be offered: joins the FIFO tail
+                queue.append((p.key, p.notice.payload_bytes))
+        queue.sort(key=lambda e: e[0])
+        times = bud.fifo_wait_times(inv.q_b, [e[1] for e in queue], inv.overhead, inv.rate)
+        for ((_, cid), _), t in zip(queue, times, strict=True):
+            out[cid] = t
+        return out
+
+    def resident(self, p: Pending) -> list[KVCacheBlock]:
+        """``P_i`` now; a complete prefix whose hashes all still hold is not looked up again.
+
+        Removing a hash is the only way a complete prefix can change, so the
+        check is O(1) while no hash was removed anywhere, O(|P_i|) attribute
+        reads after one (far cheaper than vLLM's lookup), and a full lookup when
+        the prefix was incomplete (it may have grown) or broke.
+        """
+        epoch = self.pool.hash_epoch
+        if p.complete and (p.epoch == epoch or all(b.block_hash == h for b, h in p.checked)):
+            p.epoch = epoch
+            return [b for b, _ in p.checked]
+        n = len(p.notice.token_ids)
+        p.resident, hit = lookup_hit(self.kv, p.hashes, n)
+        blocks = flatten(p.resident)
+        p.size = len(blocks)
+        p.checked = [(b, b.block_hash) for b in blocks]
+        p.ids = frozenset(b.block_id for b in blocks)
+        p.complete = bool(blocks) and hit >= n // self._hash_args[0] * self._hash_args[0]
+        p.epoch = epoch
+        return blocks
+
+    def sizes_of(self) -> tuple[tuple[ContinuationId, int], ...]:
+        """``|P_i|`` per candidate at its last lookup, FIFO order (0 = cold)."""
+        return tuple((p.cid, p.size) for p in self.ordered())
+
+    def _hash(self, n: HistoryNotice) -> list[BlockHash]:
+        if not self.kv.enable_caching or not n.token_ids:
+            return []
+        if self._hasher is None:
+            self._hasher = make_hasher(*self._hash_args)
+        return prefix_hashes(n.token_ids, self._hasher, cache_salt=n.cache_salt)
+
+    # -- integrity -------------------------------------------------------------
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            "pending": len(self.pending),
+            "latest": len(self.latest),
+            "phases": len(self.phases),
+        }
+
+    def check_integrity(self) -> None:
+        """Raise :class:`LeaseIntegrityError` unless the candidates are consistent."""
+        for cid, p in self.pending.items():
+            if p.cid != cid:
+                raise LeaseIntegrityError(f"candidate {p.cid.key()} filed as {cid.key()}")
+            if self.latest.get(turn_of(cid)) != cid.version:
+                raise LeaseIntegrityError(f"candidate {cid.key()}: its turn is not live")
+            if p.ids != frozenset(b.block_id for b, _ in p.checked) or p.size != len(p.checked):
+                raise LeaseIntegrityError(f"candidate {cid.key()}: P_i cache disagrees")
+        if self.inv is None and self.phases:
+            raise LeaseIntegrityError("inventory phases without an inventory")
+        if self.inv is not None and self.phases != {it.cid: it.phase for it in self.inv.items}:
+            raise LeaseIntegrityError("inventory phases disagree with the inventory")
