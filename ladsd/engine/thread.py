@@ -431,12 +431,13 @@ class EngineThread:
         for salt in (1, 2):
             ids = [(7919 * i + 104729 * salt) % 30000 + 100 for i in range(n)]
             params = SamplingParams(max_tokens=1)
-            self._engine.add_request(f"ladsd-kappa-{salt}", tokens_input(ids), params)
+            rid = self._engine.add_request(f"ladsd-kappa-{salt}", tokens_input(ids), params)
             t0 = time.perf_counter()
             self._engine.step()
             dt = time.perf_counter() - t0
             while self._engine.has_unfinished_requests():
                 self._engine.step()
+            self._sched.pop_first_alloc(rid)
         self._sched.reset_prefix_cache()
         return dt
 
