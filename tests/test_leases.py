@@ -573,3 +573,90 @@ def test_inventory_before_notice_counts_the_frame_once() -> None:
     r.s.lease_notice(HistoryNotice(late, tuple(ha), "p", "d", r.clk(), 5))
     assert r.s.lease_state().counters["late_notices"] == 1
     assert late not in r.book.cands.pending
+
+
+# -- issue 10: the grant check counts the engine's pending allocation -----------
+
+
+def waiting_book(headroom: int, max_num_seqs: int = 8, aware: bool = True) -> tuple[Any, Any]:
+    """A plain vLLM scheduler and a lease book that sees its waiting queue (or not)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from ladsd.engine.lease_book import LeaseBook
+
+    s = testing.make_scheduler(Scheduler, num_blocks=64, block_size=BS, max_num_seqs=max_num_seqs)
+    book = LeaseBook(
+        s.kv_cache_manager,
+        LeaseConfig(headroom_blocks=headroom),
+        0.0,
+        ManualClock(1000.0),
+        load=lambda: (len(s.waiting), len(s.running), s.max_num_running_reqs),
+        hash_block_size=BS,
+        waiting=(lambda: s.waiting) if aware else (lambda: ()),
+    )
+    return s, book
+
+
+def offer(s: Any, book: Any, cid: ContinuationId, history: list[int]) -> bool:
+    """Announce ``cid`` on a fast link; True if it was granted."""
+    n = HistoryNotice(cid, tuple(history), "p", "d", book.clock(), 100)
+    book.inventory(SenderInventory(book.clock(), (), 0, 1e6))
+    book.notice(n)
+    book.check()
+    return cid in book.table.leases
+
+
+def warm(s: Any, tokens: list[int]) -> None:
+    req = testing.make_request(f"warm{len(tokens)}-{tokens[0]}", tokens)
+    s.add_request(req)
+    while not req.is_finished():
+        testing.step(s)
+
+
+@pytest.mark.parametrize("aware", [True, False])
+def test_a_waiting_request_s_pending_allocation_refuses_a_grant(aware: bool) -> None:
+    # 63 usable blocks, H = 20, A's history (10 blocks) cached and free: F = 63.
+    # A 40-block request waits for admission. Without it the grant leaves
+    # F = 53 >= H; with it, F_after = 63 - 10 - 40 = 13 < H: refused, and no
+    # revocation follows when vLLM admits the request.
+    s, book = waiting_book(headroom=20, aware=aware)
+    ha = toks(1, 10)
+    warm(s, ha)
+    big = testing.make_request("big", toks(9, 40), max_tokens=4)
+    s.add_request(big)
+    assert len(s.waiting) == 1 and book.pool.get_num_free_blocks() == 63
+    granted = offer(s, book, A, ha)
+    assert granted is not aware
+    assert book.counters["headroom_refusals"] == int(aware)
+    while big.num_computed_tokens < 40 * BS:  # vLLM admits it (in 512-token chunks)
+        testing.step(s)
+    assert book.pool.get_num_free_blocks() == 63 - 40 - 10 * granted
+    book.before_schedule()  # the next schedule() entry: revoke below H
+    book.check()
+    assert book.counters["revocations"] == int(not aware)
+
+
+def test_pending_allocation_counts_a_shared_cached_block_once() -> None:
+    # A's continuation (history + 3 new blocks) waits; its history is A's P_i.
+    # Counted twice, 63 - 10 - (10 + 3) = 40 < H = 45 would refuse; counted once,
+    # F_after = 63 - 10 - 3 = 50 >= 45: granted.
+    s, book = waiting_book(headroom=45)
+    ha = toks(1, 10)
+    warm(s, ha)
+    s.add_request(testing.make_request("cont", cont(ha)[: 13 * BS], max_tokens=4))
+    assert offer(s, book, A, ha)
+    testing.step(s)
+    book.check()
+
+
+def test_pending_allocation_counts_only_requests_with_a_free_running_slot() -> None:
+    # max_num_seqs = 1 and one request running: the waiting one cannot be admitted
+    # before the running one finishes (and frees its own blocks): not counted.
+    s, book = waiting_book(headroom=20, max_num_seqs=1)
+    ha = toks(1, 10)
+    warm(s, ha)
+    s.add_request(testing.make_request("runs", toks(8, 2), max_tokens=50))
+    testing.step(s)
+    s.add_request(testing.make_request("big", toks(9, 40), max_tokens=4))
+    assert (len(s.running), len(s.waiting)) == (1, 1)
+    assert offer(s, book, A, ha)  # F = 61: 61 - 10 >= 20

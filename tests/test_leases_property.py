@@ -57,6 +57,8 @@ class LeaseMachine(RuleBasedStateMachine):
         self.s.lease_setup(
             LeaseConfig(headroom_blocks=H, lease_lifetime_s=LIFETIME), 0.01, self.clk
         )
+        # Grants count the pending allocation of waiting requests (issue 10).
+        self.s.lease_book.waiting = lambda: self.s.waiting
         self.items: dict[ContinuationId, InventoryItem] = {}
         self.history: dict[ContinuationId, int] = {}
         self.turn = 0

@@ -25,8 +25,10 @@ Contract (mini-sglang style; read this before touching the code):
   operations are what keep expiry on time.
 * Grants: only candidates in the near-use set ``N`` of the current budget, in
   FIFO (ready time, identity, version) order; ``U + Delta_i <= B`` and
-  ``F_after >= H``. The first grant fixes ``g_i`` and ``d_i = g_i + l``;
-  regrants never extend it.
+  ``F_after >= H``, where ``F_after`` also takes off the blocks vLLM is about
+  to allocate for requests waiting to be admitted (:class:`Reserve`, ours).
+  The first grant fixes ``g_i`` and ``d_i = g_i + l``; regrants never extend
+  it.
 * Handoff: after ``schedule()``, for a bound request with positive scheduled
   tokens whose block table holds every protected block's hash at its position.
 * Memory: a continuation is live while it is a candidate or holds a lease; when
@@ -47,9 +49,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from itertools import islice
 
+from vllm.utils.math_utils import cdiv
 from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.request import Request
 
 from ladsd.clock import Clock
 from ladsd.config import LeaseConfig
@@ -57,7 +64,7 @@ from ladsd.engine import budget as bud
 from ladsd.engine.candidates import Candidates, Pending, View, turn_of
 from ladsd.engine.lease_pool import LeaseIntegrityError
 from ladsd.engine.lease_table import Lease, LeaseTable, Native
-from ladsd.engine.resident import flatten
+from ladsd.engine.resident import flatten, lookup_hit
 from ladsd.records import (
     LEASE_COUNTERS,
     ContinuationId,
@@ -71,8 +78,47 @@ from ladsd.records import (
 )
 
 Load = Callable[[], tuple[int, int, int]]  # (w waiting, a running, m max_num_seqs)
+Waiting = Callable[[], Iterable[Request]]  # vLLM's waiting requests without KV blocks, in order
 
 _NO_BUDGET = bud.Budget((), 0, 0, False, 0, 0)
+
+
+@dataclass
+class Reserve:
+    """The engine's pending allocation: what admitting the next waiting requests takes from F.
+
+    Formula (ours; issue 10). Let ``R`` be the first ``max(0, m - a)`` requests
+    of vLLM's waiting queue that hold no KV blocks yet (``Scheduler.waiting``,
+    in the order vLLM admits them: the ones the next step can admit into free
+    running slots; requests beyond the slots wait for a running request to
+    finish, which frees its own blocks). For ``r`` in ``R`` with ``n_r`` tokens
+    (prompt, plus output for a preempted request) and ``P_r`` its prefix-cache
+    hit as vLLM will find it (hashes up to ``n_r - 1`` tokens), per KV group
+    of block size ``b``::
+
+        new   = sum_r max(0, ceil(n_r / b) - |P_r|)     blocks allocated fresh
+        cached = { blocks of union_r P_r with ref_cnt == 0 }  leave the free queue
+
+    and a grant of ``P_i`` passes the headroom rule iff::
+
+        F - |{ x in P_i : ref_cnt(x) == 0 } union cached| - new >= H
+
+    Blocks already referenced (by a running request or a lease) cost nothing;
+    a block shared by ``P_i`` and some ``P_r``, or by two ``P_r``, counts once.
+    After a grant its blocks are referenced, so they leave ``cached``. The
+    budget (``C_safe``, ``B``) and revocation (``F < H`` now) are unchanged.
+    """
+
+    cached: set[int]
+    new: int
+
+    def taken(self, blocks: Iterable[KVCacheBlock]) -> int:
+        """Free blocks a grant of ``blocks`` plus the pending allocation take."""
+        return len({b.block_id for b in blocks if b.ref_cnt == 0} | self.cached) + self.new
+
+    def hold(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """``blocks`` were just leased: admitting a request no longer takes them from F."""
+        self.cached.difference_update(b.block_id for b in blocks)
 
 
 class LeaseBook:
@@ -89,6 +135,7 @@ class LeaseBook:
         hash_block_size: int,
         hash_algo: str = "sha256",
         native_extra: Native = lambda: (),
+        waiting: Waiting = lambda: (),
     ) -> None:
         if kappa < 0 or not math.isfinite(kappa):
             raise ValueError(f"kappa must be a finite non-negative number, got {kappa}")
@@ -99,6 +146,7 @@ class LeaseBook:
         self.kappa = kappa
         self.clock = clock
         self.load = load
+        self.waiting = waiting
         self.table = LeaseTable(kv, clock(), native_extra)
         self.pool = self.table.pool
         self.cands = Candidates(kv, self.pool, cfg.lease_lifetime_s, hash_block_size, hash_algo)
@@ -296,17 +344,35 @@ class LeaseBook:
         if not self.cfg.enabled:
             return
         near = {c.key for c in bud.near_use_set(c for _, c in view)}
+        reserve: Reserve | None = None  # looked up once per pass, at the first try
         for p, c in view:
             if c.key in near and p.cid not in self.table.leases:
-                self._grant(p, now)
+                if reserve is None:
+                    reserve = self._reserve()
+                self._grant(p, now, reserve)
 
-    def _grant(self, p: Pending, now: float) -> bool:
+    def _reserve(self) -> Reserve:
+        """The pending allocation of the next admissions (formula: :class:`Reserve`)."""
+        _, a, m = self.load()
+        cached: set[int] = set()
+        new = 0
+        for req in islice(self.waiting(), max(0, m - a)):
+            n = req.num_tokens
+            if self.kv.prefix_cache_lookup_enabled(req):
+                hit, _ = lookup_hit(self.kv, req.block_hashes, n - 1)
+            else:
+                hit = tuple([] for _ in self.table.block_sizes)
+            for size, row in zip(self.table.block_sizes, hit, strict=True):
+                new += max(0, cdiv(n, size) - len(row))
+                cached.update(b.block_id for b in row if not b.is_null and b.ref_cnt == 0)
+        return Reserve(cached, new)
+
+    def _grant(self, p: Pending, now: float, reserve: Reserve) -> bool:
         cid = p.cid
         blocks = flatten(p.resident)
         used = self.table.used
         delta = self.table.delta(blocks)
-        taken = sum(1 for b in blocks if b.ref_cnt == 0)  # these leave the free queue
-        if self.pool.get_num_free_blocks() - taken < self.cfg.headroom_blocks:
+        if self.pool.get_num_free_blocks() - reserve.taken(blocks) < self.cfg.headroom_blocks:
             self._refuse("headroom_refusals", cid)
             return False
         if used + delta > self.budget.B:
@@ -326,6 +392,7 @@ class LeaseBook:
             generation=self.generation,
             now=now,
         )
+        reserve.hold(blocks)
         self.counters["grants"] += 1
         self.counters["grants_after_commit" if p.committed else "grants_before_commit"] += 1
         self._released_all = False

@@ -96,7 +96,7 @@ class LeaseTable:
             if m.block_pool is not self.pool:
                 raise NotImplementedError("leases need one shared block pool for all groups")
         self.native_extra = native_extra
-        self._block_sizes = [m.block_size for m in kv.coordinator.single_type_managers]
+        self.block_sizes = [m.block_size for m in kv.coordinator.single_type_managers]
         self.leases: dict[ContinuationId, Lease] = {}
         self.holders: dict[int, set[ContinuationId]] = {}  # block id -> leases holding it
         self._u_area = 0.0  # integral of U up to _u_t
@@ -176,7 +176,7 @@ class LeaseTable:
         first block broke, so nothing would remain: then nothing is done and the
         caller releases the whole lease.
         """
-        sizes = self._block_sizes
+        sizes = self.block_sizes
         bad = [
             lease.slots[k] for k, b in enumerate(lease.blocks) if b.block_hash != lease.hashes[k]
         ]
