@@ -196,7 +196,8 @@ class Runtime:
             try:
                 for notice, _, _ in batch:
                     self.engine.notice(notice)
-                self._on_state(await self.engine.state(check=False))
+                state = await self.engine.state(check=False)
+                (self.engine.on_state or self._on_state)(state)  # whoever listens first
                 tickets = await self.sender.offer_many(
                     [(p.item, p.payload) for _, p, _ in batch], codec=self.link.codec
                 )

@@ -112,7 +112,10 @@ class Candidates:
         if self.latest.get(turn, n.cid.version) != n.cid.version or n.cid in self.pending:
             raise LeaseIntegrityError(f"{n.cid.key()} announced while its turn is live")
         phase = self.phases.get(n.cid)
-        p = Pending(n, self._hash(n), listed=phase is not None, committed=phase is Phase.COMMITTED)
+        # A result with an expected wait (ladsd serve's intent) travels outside the
+        # daemon's link: no inventory will list it, its own timing stands in.
+        listed = phase is not None or n.expected_wait_s is not None
+        p = Pending(n, self._hash(n), listed=listed, committed=phase is Phase.COMMITTED)
         self.pending[n.cid] = p
         self.latest[turn] = n.cid.version
         return p
@@ -128,12 +131,17 @@ class Candidates:
             del self.latest[turn]
 
     def unlisted(self, now: float) -> list[ContinuationId]:
-        """Candidates the sender has not listed within ``l`` of readiness."""
-        return [
-            cid
-            for cid, p in self.pending.items()
-            if not p.listed and p.notice.ready_time + self.lifetime < now
-        ]
+        """Candidates the sender has not listed within ``l`` of readiness (or, for a
+        result with an expected wait, not used within ``l`` after it)."""
+        out = []
+        for cid, p in self.pending.items():
+            n = p.notice
+            if n.expected_wait_s is not None:  # past its expected use by more than l
+                if n.ready_time + n.expected_wait_s + self.lifetime < now:
+                    out.append(cid)
+            elif not p.listed and n.ready_time + self.lifetime < now:
+                out.append(cid)
+        return out
 
     def clear(self) -> None:
         self.pending.clear()
@@ -174,7 +182,11 @@ class Candidates:
         for p in self.ordered():
             self.resident(p)
             tau = bud.remaining_horizon(self.lifetime, p.granted_at, now)
-            t_b = bud.time_to_allocation(link.get(p.cid, math.inf), delay)
+            wait = p.notice.expected_wait_s
+            if wait is not None:  # the harness's prediction instead of the link estimate
+                t_b = bud.time_to_allocation(max(0.0, p.notice.ready_time + wait - now), delay)
+            else:
+                t_b = bud.time_to_allocation(link.get(p.cid, math.inf), delay)
             out.append((p, bud.Candidate(p.cid, p.ids, tau, t_b)))
         return out
 

@@ -71,6 +71,8 @@ from ladsd.records import (
     DenialEvent,
     EngineState,
     HistoryNotice,
+    LeaseEvent,
+    LeaseEventKind,
     LeaseRecord,
     LeaseStatus,
     Phase,
@@ -121,6 +123,14 @@ class Reserve:
         self.cached.difference_update(b.block_id for b in blocks)
 
 
+_END_EVENTS = {
+    LeaseStatus.HANDED_OFF: LeaseEventKind.HANDOFF,
+    LeaseStatus.EXPIRED: LeaseEventKind.EXPIRY,
+    LeaseStatus.REVOKED: LeaseEventKind.REVOCATION,
+    LeaseStatus.CANCELLED: LeaseEventKind.CANCELLATION,
+}
+
+
 class LeaseBook:
     """Leases, budget and counters of one engine (see the module contract)."""
 
@@ -160,6 +170,7 @@ class LeaseBook:
         self._released = False  # a release since the last replenishment
         self._released_all = False
         self._records: tuple[tuple[int, int, int], tuple[LeaseRecord, ...]] = ((-1, -1, -1), ())
+        self.events: list[LeaseEvent] = []  # outcomes since the last published state
 
     # -- public operations (engine thread) ---------------------------------
 
@@ -182,6 +193,40 @@ class LeaseBook:
         view = self._view(now)
         self._evaluate(now, view)
         self._replenish(now, view)
+
+    def require(self, n: HistoryNotice) -> str | None:
+        """Retention as a requirement (ladsd serve): lease ``n``'s history now, or say why not.
+
+        Honoured or refused at once, never left pending: the lease is granted
+        only if it fits the budget's safe ceiling now (``U + Delta_i <=
+        C_safe``) and leaves ``H`` free (the same headroom rule as every grant);
+        like every lease it ends at ``g_i + l`` at the latest and may be revoked
+        to keep ``H`` free. Returns None when held, else the reason.
+        """
+        if not self.cfg.enabled:
+            return "leases are off under this policy"
+        self.notice(n)  # announce (and grant, if FIFO replenishment already can)
+        cid = n.cid
+        if cid in self.table.leases:
+            return None
+        p = self.cands.pending.get(cid)
+        if p is None:
+            return "not a lease candidate (a stale, repeated or late notice)"
+        now = self.clock()
+        self.cands.resident(p)  # P_i now
+        blocks = flatten(p.resident)
+        if not blocks:
+            return "cold: no resident prefix to hold"
+        reserve = self._reserve()
+        free, h = self.pool.get_num_free_blocks(), self.cfg.headroom_blocks
+        if free - reserve.taken(blocks) < h:
+            return f"headroom: holding {len(blocks)} blocks would leave fewer than H = {h} free"
+        used, delta = self.table.used, self.table.delta(blocks)
+        ceiling = bud.safe_ceiling(used, free, h)
+        if used + delta > ceiling:
+            return f"budget: U + Delta = {used} + {delta} > C_safe = {ceiling}"
+        self._take(p, now, reserve)
+        return None
 
     def inventory(self, inv: SenderInventory) -> None:
         """The sender's causal inventory changed: track phases, then replenish."""
@@ -380,7 +425,14 @@ class LeaseBook:
                 self.denials.append(
                     DenialEvent(cid, now, self.generation, delta, self.budget.B, used)
                 )
+                self.events.append(LeaseEvent(LeaseEventKind.DENIAL, cid, now))
             return False
+        self._take(p, now, reserve)
+        return True
+
+    def _take(self, p: Pending, now: float, reserve: Reserve) -> None:
+        """Acquire ``p``'s lease (the checks have passed)."""
+        blocks = flatten(p.resident)
         if p.granted_at is None:
             p.granted_at = now  # g_i: a regrant keeps it, so d_i never moves
         self.table.acquire(
@@ -396,7 +448,7 @@ class LeaseBook:
         self.counters["grants"] += 1
         self.counters["grants_after_commit" if p.committed else "grants_before_commit"] += 1
         self._released_all = False
-        return True
+        self.events.append(LeaseEvent(LeaseEventKind.GRANT, p.cid, now, len(blocks)))
 
     def _refuse(self, kind: str, cid: ContinuationId) -> bool:
         """Count a refusal once per identity and generation; True if new."""
@@ -411,8 +463,12 @@ class LeaseBook:
 
     def _end(self, lease: Lease, status: LeaseStatus, counter: str, now: float) -> bool:
         """Release ``lease`` (once), count how it ended, unbind it, settle its continuation."""
+        blocks = len(lease.blocks)
         if not self.table.release(lease, status, now):
             return False
+        kind = _END_EVENTS.get(status)
+        if kind is not None:
+            self.events.append(LeaseEvent(kind, lease.cid, now, blocks))
         for req_id in lease.reqs:
             if self.bound.get(req_id) == lease.cid:
                 del self.bound[req_id]
@@ -504,7 +560,12 @@ class LeaseBook:
             denials=tuple(self.denials),
             resident=self.cands.sizes_of(),
             counters=self.snapshot_counters(now),
+            events=self._drain_events(),
         )
+
+    def _drain_events(self) -> tuple[LeaseEvent, ...]:
+        events, self.events = tuple(self.events), []
+        return events
 
     def sizes(self) -> dict[str, int]:
         """Entries per structure (candidates, lease table, book): all 0 when nothing is live.

@@ -63,6 +63,7 @@ class LeaseMixin:
     hash_block_size: int
     max_num_running_reqs: int
     deferred_frees: Any
+    waiting: Any
     preemptions: int  # StampMixin
 
     def lease_setup(
@@ -80,6 +81,7 @@ class LeaseMixin:
             hash_block_size=self.hash_block_size,
             hash_algo=self.cache_config.prefix_caching_hash_algo,
             native_extra=self._lease_native_extra,
+            waiting=lambda: self.waiting,  # vLLM's admission queue: its pending allocation
         )
 
     @property
