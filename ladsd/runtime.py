@@ -59,16 +59,19 @@ class _Waiting:
 
 @dataclass
 class Timeline:
-    """U, B, C, F samples as published by the engine (for the lease timeline plot)."""
+    """U, B, C, F as published by the engine, at most one sample per ``min_dt``.
+
+    Within a window the sample keeps the window's start time and its latest
+    values (run files stay lean: the engine publishes after every step).
+    """
 
     samples: list[tuple[float, int, int, int, int]] = field(default_factory=list)
-    min_dt: float = 0.05
+    min_dt: float = 0.1
 
     def add(self, s: EngineState) -> None:
         if self.samples and s.time - self.samples[-1][0] < self.min_dt:
-            last = self.samples[-1]
-            if (s.U, s.B, s.C, s.F) == last[1:]:
-                return
+            self.samples[-1] = (self.samples[-1][0], s.U, s.B, s.C, s.F)
+            return
         self.samples.append((s.time, s.U, s.B, s.C, s.F))
 
 
