@@ -339,11 +339,12 @@ def test_preference_revoked_requirement_refused_or_held(srv: Server):
     wait_for("R's lease", lambda: srv.get("/v1/sessions/R")["lease"]["status"] == "granted")
     # Z's ~850-token prompt takes the pool below H while it runs: R's lease is revoked.
     # Its history (27 blocks) is more than U + F - H can ever hold: the requirement fails.
-    facts = " ".join(f"city{j} has {j % 9} parks" for j in range(120))
+    facts = " ".join(f"city{j} has {j % 9} parks" for j in range(100))
     tool_turn(c, "Z", f"Facts: {facts}. What is the weather in Zurich?")
     kinds = [e["type"] for e in srv.events("R", {"revocation"})]
     assert "revocation" in kinds
-    assert srv.get("/v1/sessions/R")["lease"]["status"] == "revoked"
+    # The session's record says so too (R stays a candidate: it may be granted again later).
+    assert "revocation" in [e["type"] for e in srv.get("/v1/sessions/R")["lease"]["events"]]
     status, out = srv.http("POST", "/v1/sessions/Z/retention", {"mode": "requirement"})
     assert status == 409 and out["error"]["code"] == "refused", out
     assert out["error"]["message"]  # the engine's reason
