@@ -42,8 +42,9 @@ from ladsd.workloads.runner import tool_message  # noqa: E402
 from ladsd.workloads.spec import Workload  # noqa: E402
 
 
-async def engine_time(wl: Workload, prof: Profile, caching: bool) -> tuple[float, int]:
-    """Makespan of every model call of ``wl`` run straight into the engine."""
+async def engine_time(wl: Workload, prof: Profile, caching: bool) -> tuple[float, int, float]:
+    """Makespan of every model call of ``wl`` run straight into the engine, cached
+    tokens, and the engine's kappa (the reference a profile's ``kappa_ref_s`` records)."""
     eng_cfg = replace(prof.engine, enable_prefix_caching=caching)
     async with EngineThread(eng_cfg, replace(prof.lease, enabled=False)) as eng:
         render = tool_message(eng.tokenizer)
@@ -61,7 +62,7 @@ async def engine_time(wl: Workload, prof: Profile, caching: bool) -> tuple[float
 
         t0 = time.perf_counter()
         cached = sum(await asyncio.gather(*(flow(w) for w in wl.workflows)))
-        return time.perf_counter() - t0, cached
+        return time.perf_counter() - t0, cached, eng.kappa
 
 
 def link_time(wl: Workload, rate: float) -> float:
@@ -75,8 +76,8 @@ async def main_async(a: argparse.Namespace) -> dict:
     wl = controlled.build(prof.workload, a.seed, controlled.archive_from_catalog())
     link = link_time(wl, prof.link.rate_bytes_per_s)
     big = engine_for(prof, "infinite-cache")
-    reuse, cached = await engine_time(wl, big, True)
-    none, _ = await engine_time(wl, big, False)
+    reuse, cached, kappa = await engine_time(wl, big, True)
+    none, _, kappa2 = await engine_time(wl, big, False)
     return {
         "profile": prof.name,
         "model": prof.engine.model,
@@ -88,6 +89,7 @@ async def main_async(a: argparse.Namespace) -> dict:
         "ratio_reuse": reuse / link,
         "ratio_noreuse": none / link,
         "cached_tokens_reuse": cached,
+        "kappa_s": [kappa, kappa2],
     }
 
 
@@ -104,6 +106,7 @@ def main() -> None:
     t.add_row("engine, perfect reuse", f"{res['engine_reuse_s']:.1f}", f"{res['ratio_reuse']:.2f}")
     t.add_row("engine, no reuse", f"{res['engine_noreuse_s']:.1f}", f"{res['ratio_noreuse']:.2f}")
     Console().print(t)
+    print(f"kappa (one 512-token step) at the two engine starts: {res['kappa_s']}")
     print("targets: reuse ~0.5-0.8 of link time, no reuse ~1.7-3x")
     print(orjson.dumps(res).decode())
 
