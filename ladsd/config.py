@@ -117,8 +117,9 @@ class Profile:
 
 
 PAPER_WORKLOAD = WorkloadConfig()  # spec section 5 at paper scale
-# kappa (one 512-token step) of the cpu profile's engine when it was calibrated.
-CPU_KAPPA_REF_S = 0.02
+# kappa (one 512-token step) of the cpu profile's engine when it was calibrated;
+# None (no time dilation) until bench/calibrate.py has been run on a quiet machine.
+CPU_KAPPA_REF_S: float | None = None
 
 PROFILES: dict[str, Profile] = {
     "paper": Profile(
