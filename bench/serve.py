@@ -378,11 +378,13 @@ async def one_run(
 ) -> dict[str, Any]:
     d = Daemon(policy, args.serve_args, log_dir)
     events: list[dict] = []
+    load: list[float] = []
     async with aiohttp.ClientSession() as http:
         await d.start(http)
         try:
             model = (await fetch_json(http, f"{d.url}/v1/models"))["data"][0]["id"]
             watcher = asyncio.create_task(collect_events(http, d.url, events))
+            sampler = asyncio.create_task(sample_load(load))
             t0 = time.monotonic() + 0.5
             per_flow = await asyncio.gather(
                 *(
@@ -394,6 +396,7 @@ async def one_run(
             await asyncio.sleep(0.3)  # the last published state's events
             state = await fetch_json(http, f"{d.url}/v1/engine/state")
             watcher.cancel()
+            sampler.cancel()
         finally:
             rc = d.stop()
     turns = [t for fl in per_flow for t in fl]
@@ -409,12 +412,21 @@ async def one_run(
         "exit_code": rc,  # 0: the daemon's lease audit balanced at shutdown
         "model": model,
         "makespan_s": makespan,
+        # 1-minute load average every 5 s: the daemon and this client make ~2 on
+        # 2 cores; more means other work shared the machine during the run.
+        "load_1m": {"mean": statistics.fmean(load), "max": max(load)} if load else None,
         "events": kinds,
         "bound_continuations": bound,
         "engine_state": state,
         "summary": summarize(turns, per_flow) | {"makespan_s": makespan},
         "turns": [t.__dict__ for t in turns],
     }
+
+
+async def sample_load(into: list[float], every_s: float = 5.0) -> None:
+    while True:
+        into.append(os.getloadavg()[0])
+        await asyncio.sleep(every_s)
 
 
 async def fetch_json(http: aiohttp.ClientSession, url: str) -> Any:
@@ -501,6 +513,8 @@ def print_table(runs: list[dict[str, Any]], agg: dict[str, Any]) -> None:
         "makespan s",
         "cached tok",
         "cached share",
+        "grants",
+        "load 1m",
     ):
         t.add_column(col, justify="right")
     for r in runs:
@@ -515,6 +529,8 @@ def print_table(runs: list[dict[str, Any]], agg: dict[str, Any]) -> None:
             f"{r['makespan_s']:.2f}",
             f"{s['cached_tokens']:,}",
             f"{s['continuation_cached_share']:.1%}",
+            str(r["events"].get("grant", 0)),
+            f"{r['load_1m']['mean']:.1f}" if r.get("load_1m") else "-",
         )
     console.print(t)
     if "ratio" in agg:
@@ -550,7 +566,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--profile", default="cpu", help="ladsd serve --profile")
     ap.add_argument("--policies", default="lads,fifo", help="first is compared to the last")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1, help="arrival seed (repeat k uses seed + k)")
     ap.add_argument("--spread", type=float, default=2.0, help="arrivals uniform in [0, spread] s")
     ap.add_argument("--tool-scale", type=float, default=1.0, help="x recorded tool seconds")
@@ -576,17 +592,10 @@ async def main() -> None:
     if not args.no_check:
         check_tokens(trace, build_flows(trace, args.seed, args.spread, args.tool_scale))
     log_dir = Path(tempfile.mkdtemp(prefix="ladsd-bench-serve-"))
-    runs = []
-    for k in range(args.repeats):
-        flows = build_flows(trace, args.seed + k, args.spread, args.tool_scale)
-        order = policies[k % len(policies) :] + policies[: k % len(policies)]
-        for p in order:
-            console.print(f"[dim]repeat {k + 1}/{args.repeats}: {p} ...[/dim]")
-            runs.append(await one_run(p, flows, args, log_dir, f"r{k + 1}-{p}"))
-    agg = report(runs, policies)
-    print_table(runs, agg)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    doc = {
+    out = args.out or RESULTS / f"serve-{args.profile}-{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc: dict[str, Any] = {
         "bench": "serve",
         "created": stamp,
         "git": git_commit(),
@@ -607,14 +616,26 @@ async def main() -> None:
             ),
         },
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "aggregate": agg,
-        "runs": runs,
+        "complete": False,
+        "aggregate": {},
+        "runs": [],
     }
-    out = args.out or RESULTS / f"serve-{args.profile}-{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = doc["runs"]
+    for k in range(args.repeats):
+        flows = build_flows(trace, args.seed + k, args.spread, args.tool_scale)
+        order = policies[k % len(policies) :] + policies[: k % len(policies)]
+        for p in order:
+            console.print(f"[dim]repeat {k + 1}/{args.repeats}: {p} ...[/dim]")
+            runs.append(await one_run(p, flows, args, log_dir, f"r{k + 1}-{p}"))
+            doc["aggregate"] = report(runs, policies)
+            # Written after every run: an interrupted bench keeps what it measured.
+            out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    doc["complete"] = True
     out.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    print_table(runs, doc["aggregate"])
     console.print(f"[dim]results: {out}; daemon logs: {log_dir}[/dim]")
-    print(orjson.dumps({"bench": "serve", "out": str(out), "git": doc["git"], **agg}).decode())
+    line = {"bench": "serve", "out": str(out), "git": doc["git"], **doc["aggregate"]}
+    print(orjson.dumps(line).decode())
 
 
 if __name__ == "__main__":
