@@ -23,8 +23,9 @@ and the daemon appends the tool descriptions to the system turn: prompts are
 longer than recorded (both lengths are in the results).
 
 One daemon per policy (``ladsd serve --policy lads`` and ``--policy fifo``,
-same profile and flags), each a subprocess on a free loopback port; the order
-rotates every repeat, so drift on a shared machine hits both alike. The KV
+same profile and flags), each a subprocess on a free loopback port, run from
+a ``git archive`` of HEAD (``--no-pin``: the working tree); the order rotates
+every repeat, so drift on a shared machine hits both alike. The KV
 pool and ``H`` follow the replay's rule (ladsd/workloads/sizing.py: 11.53 mean
 final histories per pool, ``H`` 16.6 % of it) unless ``--pool profile``.
 Reported per run: mean turn latency (request sent -> reply read), continuation
@@ -195,6 +196,7 @@ class Daemon:
     policy: str
     args: list[str]
     log_dir: Path
+    src: Path = ROOT  # the source tree the daemon runs from (its cwd)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -211,7 +213,7 @@ class Daemon:
         self.log_path = self.log_dir / f"serve-{self.policy}-{self.port}.log"
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                self.command(), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+                self.command(), cwd=self.src, stdout=log, stderr=subprocess.STDOUT
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
@@ -376,7 +378,7 @@ async def collect_events(http: aiohttp.ClientSession, url: str, into: list[dict]
 async def one_run(
     policy: str, flows: list[Flow], args: argparse.Namespace, log_dir: Path, tag: str
 ) -> dict[str, Any]:
-    d = Daemon(policy, args.serve_args, log_dir)
+    d = Daemon(policy, args.serve_args, log_dir, args.src)
     events: list[dict] = []
     load: list[float] = []
     async with aiohttp.ClientSession() as http:
@@ -543,6 +545,16 @@ def print_table(runs: list[dict[str, Any]], agg: dict[str, Any]) -> None:
             )
 
 
+def pinned_tree(into: Path) -> Path:
+    """HEAD as files (``git archive``): the daemons run from it, so edits made in the
+    working tree while the bench runs (other sessions) never reach them."""
+    dest = into / "src"
+    dest.mkdir()
+    tar = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar.stdout, check=True)
+    return dest
+
+
 def git_commit() -> dict[str, Any]:
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
@@ -578,6 +590,9 @@ async def main() -> None:
         help="KV pool and H: the replay's sizing rule for this trace, or the profile's",
     )
     ap.add_argument("--no-intent", action="store_true", help="send no intent (daemon default)")
+    ap.add_argument(
+        "--no-pin", action="store_true", help="run the daemons from the working tree, not HEAD"
+    )
     ap.add_argument("--trace", type=Path, default=TRACE)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--no-check", action="store_true", help="skip the recorded-text check")
@@ -592,6 +607,7 @@ async def main() -> None:
     if not args.no_check:
         check_tokens(trace, build_flows(trace, args.seed, args.spread, args.tool_scale))
     log_dir = Path(tempfile.mkdtemp(prefix="ladsd-bench-serve-"))
+    args.src = ROOT if args.no_pin else pinned_tree(log_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out = args.out or RESULTS / f"serve-{args.profile}-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -610,6 +626,7 @@ async def main() -> None:
             "tool_scale": args.tool_scale,
             "pool": args.pool,
             "intent": not args.no_intent,
+            "daemons_from": "working tree" if args.no_pin else "HEAD (git archive)",
             "workflows": len(trace.workflows),
             "trace": str(
                 args.trace.relative_to(ROOT) if args.trace.is_relative_to(ROOT) else args.trace
