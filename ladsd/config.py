@@ -117,9 +117,10 @@ class Profile:
 
 
 PAPER_WORKLOAD = WorkloadConfig()  # spec section 5 at paper scale
-# kappa (one 512-token step) of the cpu profile's engine when it was calibrated;
-# None (no time dilation) until bench/calibrate.py has been run on a quiet machine.
-CPU_KAPPA_REF_S: float | None = None
+# kappa (one 512-token step) of the cpu profile's engine when it was calibrated:
+# the mean of the four engine starts of bench/calibrate.py --profile cpu, seeds 1
+# and 2, quiet machine, 2026-11-30 (0.0329, 0.0356, 0.0377, 0.0308 s; README).
+CPU_KAPPA_REF_S: float | None = 0.034
 
 PROFILES: dict[str, Profile] = {
     "paper": Profile(
