@@ -240,6 +240,8 @@ async def test_task_run_completes_with_steps_and_stage_times(http):
     assert set(st) == {"sender_wait", "queue_transfer", "receipt_to_alloc", "resumed_inference"}
     assert st["sender_wait"]["calls"] == len(steps) - 1
     assert view["usage"]["model_calls"] == len(steps)
+    link = view["link"]
+    assert link["policy"] == "lads" and link["rate_bytes_per_s"] > 0 and link["dilation"] > 0
     async with http.get("/v1/agent/runs") as r:
         ids = [x["id"] for x in (await r.json())["data"]]
     assert created["id"] in ids

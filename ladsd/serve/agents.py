@@ -222,6 +222,7 @@ class AgentRun:
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     job: asyncio.Task | None = None
+    link: dict[str, Any] | None = None  # the return path its results took (set at start)
 
     @property
     def done(self) -> bool:
@@ -248,6 +249,7 @@ class AgentRun:
                 "product_ids": list(self.task.product_ids),
             },
             "agent": self.agent.as_dict(),
+            "link": self.link,
             "termination": rec.termination if rec else None,
             "answer": rec.answer if rec else None,
             "error": self.error,
@@ -406,6 +408,14 @@ class AgentRuns:
 
         try:
             rt = self.d.rt
+            # The rate actually paced (the profile's, divided by the runtime's time
+            # dilation): what queue_transfer (c-s) is to be read against.
+            run.link = {
+                "policy": rt.policy.name,
+                "rate_bytes_per_s": rt.link.rate_bytes_per_s,
+                "codec": rt.link.codec,
+                "dilation": rt.dilation,
+            }
             backend = _RunBackend(rt, rt.policy.name, lambda k, d: self._emit(run, k, d))
             rec = await run_workflow(
                 run.task,
