@@ -152,7 +152,10 @@ def _serve_profile(
     eng = replace(prof.engine, **{k: v for k, v in given.items() if v is not None})
     leased = {"headroom_blocks": headroom, "lease_lifetime_s": lease_s}
     lease = replace(prof.lease, **{k: v for k, v in leased.items() if v is not None})
-    return replace(prof, engine=eng, lease=lease)
+    # The calibration's kappa belongs to the profile's own model: another model gets no
+    # time dilation (else a 30-layer model would slow the link ~12x).
+    ref = prof.kappa_ref_s if eng.model == prof.engine.model else None
+    return replace(prof, engine=eng, lease=lease, kappa_ref_s=ref)
 
 
 @model_app.command("prepare")
