@@ -7,7 +7,6 @@ end-to-end test captures two tasks on the real SmolLM2 engine.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,9 +24,6 @@ from ladsd.engine.thread import Completion, EngineThread
 from ladsd.records import ContinuationId
 from ladsd.runtime import CallOutcome
 from ladsd.workloads import trace as tr
-from web_catalog import source
-from web_catalog.build import build
-from web_catalog.db import Catalog, open_catalog
 from web_catalog.tasks import Task, TaskProduct, load_tasks
 
 PIDS = (1, 2, 3)
@@ -40,16 +36,6 @@ def tok(model_ready):
     from ladsd.engine import models
 
     return AutoTokenizer.from_pretrained(str(models.model_path("smollm2-135m")))
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> Iterator[Catalog]:
-    if not source.DEFAULT_SOURCE.is_dir():
-        pytest.skip(f"shared fixtures not found at {source.DEFAULT_SOURCE}")
-    path = tmp_path_factory.mktemp("catalog") / "catalog.sqlite"
-    build(source.DEFAULT_SOURCE, path)
-    with open_catalog(path) as cat:
-        yield cat
 
 
 def task() -> Task:

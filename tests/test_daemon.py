@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -22,28 +21,11 @@ import pytest_asyncio
 from ladsd.config import PROFILES
 from ladsd.engine.leases import LeaseScheduler
 from ladsd.serve.daemon import Daemon, ServeConfig
+from tests.helpers import FORCE, free_port, weather_tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="module")]
 GUARD_S = 120  # hang guard only
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 8}},
-            "required": ["city"],
-        },
-    },
-}
-FORCE = {"type": "function", "function": {"name": "get_weather"}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+WEATHER = weather_tool(max_len=8)
 
 
 class Api:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ladsd.engine.lease_book import LeaseBook
+from tests.helpers import FORCE, free_port, weather_tool
 
 pytestmark = pytest.mark.engine
 
@@ -48,34 +47,8 @@ CALL_S = 300
 BLOCK = 32
 POOL = ["--kv-blocks", "40", "--max-model-len", "1024", "--headroom-blocks", "16"]
 POOL += ["--lease-s", "120"]
-# The lease book's retention-as-a-requirement, lease events and T_B from intent are
-# another engineer's work in progress; until LeaseBook.require exists these fail.
-LEASE_BOOK = hasattr(LeaseBook, "require")
-needs_lease_book = pytest.mark.xfail(
-    not LEASE_BOOK,
-    reason="needs LeaseBook.require, EngineState.events, T_B from expected_wait_s",
-    run=False,  # not run until then: each would wait for a grant up to its hang guard
-)
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 20}},
-            "required": ["city"],
-        },
-    },
-}
-FORCE = {"type": "function", "function": {"name": "get_weather"}}
+WEATHER = weather_tool("Current weather in a city.", max_len=20)
 SYSTEM = "You are a helpful assistant. Use the tools when they help."
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
@@ -317,7 +290,6 @@ def test_tool_call_round_trip_with_a_tool_message(srv: Server):
 # ---- leases over HTTP ---------------------------------------------------------------------
 
 
-@needs_lease_book
 def test_a_leased_history_survives_a_flood(srv: Server):
     before = srv.metrics()
     history, cached = lease_run(srv)
@@ -332,7 +304,6 @@ def test_a_leased_history_survives_a_flood(srv: Server):
     assert srv.get("/v1/sessions/A")["lease"]["status"] == "handed_off"
 
 
-@needs_lease_book
 def test_preference_revoked_requirement_refused_or_held(srv: Server):
     c = srv.client()
     tool_turn(c, "R", "Weather in Rome, please.")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,23 +20,14 @@ from ladsd.serve import agents
 from ladsd.serve.agents import DEFAULT_AGENT, parse_agent, parse_run
 from ladsd.serve.errors import ApiError
 from ladsd.serve.events import EventHub
+from tests.helpers import free_port
 from web_catalog import source
 from web_catalog.build import build
-from web_catalog.db import Catalog, open_catalog
+from web_catalog.db import Catalog
 from web_catalog.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 HANG_S = 300  # hang guard only (a tiny-model run takes seconds)
-
-
-@pytest.fixture(scope="module")
-def db(tmp_path_factory) -> Iterator[Catalog]:
-    if not source.DEFAULT_SOURCE.is_dir():
-        pytest.skip(f"shared fixtures not found at {source.DEFAULT_SOURCE}")
-    path = tmp_path_factory.mktemp("catalog") / "catalog.sqlite"
-    build(source.DEFAULT_SOURCE, path)
-    with open_catalog(path) as cat:
-        yield cat
 
 
 TASKS = {t.task_id: t for t in load_tasks()}
@@ -124,12 +114,6 @@ def test_sse_frame():
 
 
 # ---- runs through a real `ladsd serve` (smoke profile, tiny model, LADS) -------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -24,19 +24,9 @@ from ladsd.serve.metrics import registry
 from ladsd.serve.protocol import DEFAULT_TOOL_S, notice, parse_intent
 from ladsd.serve.render import Renderer
 from ladsd.serve.sessions import Intent, LeaseView, SessionTable
+from tests.helpers import weather_tool
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+WEATHER = weather_tool()
 
 
 def body(**kw: object) -> dict:
