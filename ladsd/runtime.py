@@ -28,6 +28,7 @@ from ladsd.config import LinkConfig, Profile
 from ladsd.delivery import make_policy
 from ladsd.delivery.policy import Policy
 from ladsd.engine.thread import Completion, EngineThread
+from ladsd.modes import EnginePolicy
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 from ladsd.transport.link import Delivery, Receiver, Rejected, Sender, prepare
 
@@ -306,7 +307,11 @@ def policy_for(profile: Profile, name: str) -> Policy:
 
 @asynccontextmanager
 async def open_runtime(
-    profile: Profile, policy: str, *, link: LinkConfig | None = None
+    profile: Profile,
+    policy: str,
+    *,
+    link: LinkConfig | None = None,
+    engine_policy: EnginePolicy = EnginePolicy.VLLM,
 ) -> AsyncIterator[Runtime]:
     """The one wiring: policy -> lease config -> engine -> runtime -> audit -> close.
 
@@ -318,7 +323,9 @@ async def open_runtime(
     prof = engine_for(profile, policy)
     pol = policy_for(prof, policy)
     lease = replace(prof.lease, enabled=prof.lease.enabled and pol.uses_leases)
-    async with EngineThread(prof.engine, lease) as eng:
+    async with EngineThread(
+        prof.engine, lease, retention=pol.retention, engine_policy=engine_policy
+    ) as eng:
         d = dilation(prof, eng.kappa)
         link = link or prof.link
         link = replace(link, rate_bytes_per_s=link.rate_bytes_per_s / d)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ladsd.delivery.policy import Pending, SenderView
+from ladsd.modes import Retention
 from ladsd.records import ContinuationId, EngineState, LeaseRecord
 
 
@@ -53,10 +54,15 @@ class BasePolicy:
 
     name: str = "base"
     uses_leases: bool = False
+    # Engine-side protection of waiting histories this policy runs with; LADS
+    # leases when ``uses_leases``, none otherwise, unless a peer says more.
+    retention: Retention | None = None
 
     def __init__(self, *, uses_leases: bool | None = None) -> None:
         if uses_leases is not None:
             self.uses_leases = uses_leases
+        if self.retention is None:
+            self.retention = Retention.LADS if self.uses_leases else Retention.NONE
         self.counts: Counter[str] = Counter()
         self._ix: StateIndex = EMPTY
 

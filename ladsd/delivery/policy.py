@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ladsd.modes import Retention
 from ladsd.records import ContinuationId, EngineState
 
 
@@ -59,6 +60,7 @@ class SenderView:
 class Policy(Protocol):
     name: str
     uses_leases: bool  # does the engine side grant prefix leases for this policy?
+    retention: Retention  # how the engine protects waiting histories for this policy
 
     def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending | None:
         """Return the item to commit next (``pending`` is non-empty), or None to hold.

@@ -39,6 +39,7 @@ from ladsd.engine.lease_pool import (
 )
 from ladsd.engine.resident import resident_prefix
 from ladsd.engine.stamps import StampMixin
+from ladsd.modes import Retention
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 
 __all__ = [
@@ -67,11 +68,18 @@ class LeaseMixin:
     preemptions: int  # StampMixin
 
     def lease_setup(
-        self, cfg: LeaseConfig, kappa: float, clock: Callable[[], float] = _clock.now
+        self,
+        cfg: LeaseConfig,
+        kappa: float,
+        clock: Callable[[], float] = _clock.now,
+        *,
+        retention: Retention = Retention.LADS,
     ) -> None:
         """Start leasing (once, after EngineCore init; ``kappa`` is measured and frozen)."""
         if self._lease_book is not None:
             raise RuntimeError("lease_setup() was already called")
+        if retention not in (Retention.LADS, Retention.NONE):
+            raise NotImplementedError(f"retention {retention.value!r} is not built yet")
         self._lease_book = LeaseBook(
             self.kv_cache_manager,
             cfg,

@@ -39,6 +39,7 @@ from ladsd.clock import Stamps
 from ladsd.config import EngineConfig, LeaseConfig, has_cuda
 from ladsd.engine import commands as cmd
 from ladsd.engine import models
+from ladsd.modes import EnginePolicy, Retention
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 
 log = logging.getLogger("ladsd.engine")
@@ -119,9 +120,14 @@ class EngineThread:
         lease: LeaseConfig | None = None,
         on_state: Callable[[EngineState], None] | None = None,
         measure_kappa: bool = True,
+        *,
+        retention: Retention = Retention.LADS,
+        engine_policy: EnginePolicy = EnginePolicy.VLLM,
     ) -> None:
         self.cfg = cfg
         self.lease = lease or LeaseConfig()
+        self.retention = Retention(retention)
+        self.engine_policy = EnginePolicy(engine_policy)
         self.on_state = on_state
         self.kappa = self.lease.kappa_s or 0.0
         self._measure_kappa = measure_kappa and self.lease.kappa_s is None
@@ -374,7 +380,7 @@ class EngineThread:
         from vllm.v1.engine.core_client import InprocClient
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        from ladsd.engine.leases import AsyncLeaseScheduler, LeaseScheduler
+        from ladsd.engine.schedulers import scheduler_class
 
         cfg = self.cfg
         prof = models.PROFILES.get(cfg.model)
@@ -393,7 +399,7 @@ class EngineThread:
             enable_prefix_caching=cfg.enable_prefix_caching,
             enforce_eager=cpu if cfg.enforce_eager is None else cfg.enforce_eager,
             num_gpu_blocks_override=cfg.num_gpu_blocks_override,
-            scheduler_cls=AsyncLeaseScheduler if cfg.async_scheduling else LeaseScheduler,
+            scheduler_cls=scheduler_class(self.engine_policy, cfg.async_scheduling),
             async_scheduling=cfg.async_scheduling,
             seed=cfg.seed,
             dtype=cfg.dtype,
@@ -415,7 +421,7 @@ class EngineThread:
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         if self._measure_kappa:
             self.kappa = self._kappa()
-        self._sched.lease_setup(self.lease, self.kappa, clock.now)
+        self._sched.lease_setup(self.lease, self.kappa, clock.now, retention=self.retention)
 
     def _kappa(self) -> float:
         """Wall time of one 512-token prefill step, measured once and frozen.

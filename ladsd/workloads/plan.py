@@ -63,9 +63,7 @@ def plan(
     return slots
 
 
-def config(
-    prof: Profile, workload: str, seed: int, flags: Mapping[str, Any]
-) -> dict[str, Any]:
+def config(prof: Profile, workload: str, seed: int, flags: Mapping[str, Any]) -> dict[str, Any]:
     """What a run is made from (its file must match it to be reused)."""
     p = asdict(prof)
     p.pop("extra", None)
