@@ -192,6 +192,7 @@ class EngineState:
     a: int = 0  # running requests
     m: int = 8  # max_num_seqs
     total_blocks: int = 0
+    block_size: int = 0  # tokens per KV block (|P_i| * block_size = resident tokens)
     kappa: float = 0.0
     leases: tuple[LeaseRecord, ...] = ()
     denials: tuple[DenialEvent, ...] = ()

@@ -152,6 +152,7 @@ class LeaseBook:
         if cfg.headroom_blocks < 0 or cfg.lease_lifetime_s <= 0:
             raise ValueError(f"bad lease config: {cfg}")
         self.kv = kv
+        self.block_size = hash_block_size  # tokens per block of |P_i|
         self.cfg = cfg
         self.kappa = kappa
         self.clock = clock
@@ -555,6 +556,7 @@ class LeaseBook:
             a=a,
             m=m,
             total_blocks=self.pool.num_gpu_blocks - 1,  # the null block is never usable
+            block_size=self.block_size,
             kappa=self.kappa,
             leases=self.records(),
             denials=tuple(self.denials),
