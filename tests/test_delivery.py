@@ -432,6 +432,10 @@ def test_uses_leases_flags() -> None:
         "tail-release": False,
         "turnover-off": True,
         "lads": True,
+        "hear-cache-aware": False,
+        "hear-guard": False,
+        "hear-session": False,
+        "ttl-pin": False,
     }
     assert make_policy("fifo", uses_leases=True).uses_leases
 

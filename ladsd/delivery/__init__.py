@@ -2,7 +2,7 @@
 
 ``make_policy(name, **kw)`` builds any of :data:`POLICY_NAMES` without an
 engine. Keyword arguments are shared across policies (``theta``,
-``max_age_s``, ``output_prior``, ``beta``, ``adapt_s``, ``cap``,
+``max_age_s``, ``output_prior``, ``beta``, ``adapt_s``, ``cap``, ``guard_s``,
 ``uses_leases``); each policy takes the ones it uses and ignores the rest, so
 one config can build every policy. An unknown keyword is an error.
 """
@@ -15,14 +15,29 @@ from typing import Any
 from ladsd.delivery.base import BasePolicy
 from ladsd.delivery.cache_first import CacheFirst, CacheFirstNoLeases
 from ladsd.delivery.fifo import Fifo
+from ladsd.delivery.hear import HearCacheAware, HearGuard, HearSession
 from ladsd.delivery.lads import Lads, TurnoverOff
 from ladsd.delivery.policy import Pending, Policy, SenderView
 from ladsd.delivery.size_first import SizeFirst
 from ladsd.delivery.tail_release import TailRelease
+from ladsd.delivery.ttl_pin import TtlPin
 
 POLICIES: dict[str, type[BasePolicy]] = {
     cls.name: cls
-    for cls in (Fifo, SizeFirst, CacheFirst, CacheFirstNoLeases, TailRelease, TurnoverOff, Lads)
+    for cls in (
+        Fifo,
+        SizeFirst,
+        CacheFirst,
+        CacheFirstNoLeases,
+        TailRelease,
+        TurnoverOff,
+        Lads,
+        # Neighbouring designs (peers.md): HEAR's ladder and Continuum-style pins.
+        HearCacheAware,
+        HearGuard,
+        HearSession,
+        TtlPin,
+    )
 }
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 
