@@ -95,6 +95,16 @@ class WorkloadConfig:
 
 
 @dataclass(frozen=True)
+class PeerConfig:
+    """Knobs of the neighbouring designs (peers.md) that a profile may change.
+
+    Run files record them only when they differ from these defaults (plan.config).
+    """
+
+    guard_s: float = 10.0  # HEAR's waiting guard W (ours: 10 s; ladsd.delivery.hear.GUARD_S)
+
+
+@dataclass(frozen=True)
 class Profile:
     """A named, complete run configuration."""
 
@@ -110,6 +120,7 @@ class Profile:
     # the calibrated link/engine ratio on a faster or slower machine (time dilation,
     # recorded in every run file).
     kappa_ref_s: float | None = None
+    peers: PeerConfig = field(default_factory=PeerConfig)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def with_(self, **kw) -> Profile:

@@ -297,12 +297,19 @@ def dilation(profile: Profile, kappa: float) -> float:
 
 
 def policy_for(profile: Profile, name: str) -> Policy:
-    """The delivery policy ``name`` with the profile's lease knobs (theta, record age).
+    """The delivery policy ``name`` with the profile's knobs.
 
-    ``infinite-cache`` is FIFO delivery on a pool nothing outgrows (:func:`engine_for`).
+    Lease knobs (theta, record age) and the peers' (HEAR's guard W); each policy
+    takes the ones it uses. ``infinite-cache`` is FIFO delivery on a pool
+    nothing outgrows (:func:`engine_for`).
     """
     base = "fifo" if name == "infinite-cache" else name
-    return make_policy(base, theta=profile.lease.theta, max_age_s=profile.lease.record_max_age_s)
+    return make_policy(
+        base,
+        theta=profile.lease.theta,
+        max_age_s=profile.lease.record_max_age_s,
+        guard_s=profile.peers.guard_s,
+    )
 
 
 @asynccontextmanager

@@ -207,10 +207,24 @@ def group(runs: Iterable[RunRecord]) -> dict[str, list[RunRecord]]:
     return {p: sorted(out[p], key=lambda r: r.seed) for p in ordered(out)}
 
 
+# The neighbouring designs of peers.md as run names (``ladsd compare --peers``), in
+# table order: an engine policy alone runs FIFO delivery on it (``augserve``),
+# ``engine+delivery`` combines them (``augserve+lads``).
+PEERS: tuple[str, ...] = (
+    "augserve",
+    "hear-cache-aware",
+    "hear-guard",
+    "hear-session",
+    "ttl-pin",
+    "augserve+lads",
+)
+
+
 def ordered(policies: Iterable[str]) -> list[str]:
-    """Known policies in table order (POLICIES), then any others alphabetically."""
+    """Known policies in table order (POLICIES, then PEERS), then any others alphabetically."""
     p = set(policies)
-    return [x for x in POLICIES if x in p] + sorted(p - set(POLICIES))
+    known = (*POLICIES, *PEERS)
+    return [x for x in known if x in p] + sorted(p - set(known))
 
 
 def reductions(
