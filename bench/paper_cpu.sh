@@ -8,7 +8,9 @@
 # after checking that they were made with the same configuration.
 #   bench/paper_cpu.sh [--workload controlled|controlled-c16|web-burst|captured]
 #                      [--policies a,b] [--seeds 1,2] [--repeats N] [--kv-blocks N]
-#                      [--profile NAME]   (OUT=dir to write elsewhere)
+#                      [--profile NAME] [--peers]   (OUT=dir to write elsewhere)
+#   --peers adds the neighbouring designs (augserve, hear-*, ttl-pin, augserve+lads;
+#   README, Peers) to controlled cohort-8, web-burst and captured (not cohort-16).
 # The earlier 1/8-scale results re-render (nothing runs) with
 #   OUT=bench/results/cpu-eighth bench/paper_cpu.sh --profile cpu-eighth --repeats 1
 #   (and --workload controlled-c16 --policies fifo,lads,infinite-cache for their c16 row).
@@ -21,6 +23,7 @@ ONLY=""
 SEEDS=""
 REPEATS=2
 EXTRA=()
+PEERS=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --workload) ONLY=$2; shift 2 ;;
@@ -29,6 +32,7 @@ while [ $# -gt 0 ]; do
     --repeats) REPEATS=$2; shift 2 ;;
     --profile) PROFILE=$2; shift 2 ;;
     --kv-blocks) EXTRA=(--kv-blocks "$2"); shift 2 ;;
+    --peers) PEERS=(--peers); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -38,7 +42,7 @@ compare() {  # name workload default-seeds [extra args]
   .venv/bin/ladsd compare --profile "$PROFILE" --workload "$wl" --seeds "$seeds" \
     --policies "$POLICIES" --repeats "$REPEATS" --out "$OUT" "${EXTRA[@]}" "$@"
 }
-compare controlled controlled 1,2,3,4,5 --cohort 8
+compare controlled controlled 1,2,3,4,5 --cohort 8 "${PEERS[@]}"
 compare controlled-c16 controlled 1,2,3 --cohort 16
-compare web-burst web-burst 1,2,3
-compare captured captured 1,2,3
+compare web-burst web-burst 1,2,3 "${PEERS[@]}"
+compare captured captured 1,2,3 "${PEERS[@]}"

@@ -41,7 +41,7 @@ app.add_typer(capture_app, name="capture")
 console = Console()
 
 
-SERVE_POLICIES = ", ".join(replay_cmd.REPLAY_POLICIES)
+SERVE_POLICIES = ", ".join(replay_cmd.DELIVERY_POLICIES)
 
 
 @app.command()
@@ -51,6 +51,7 @@ def serve(
     policy: str = typer.Option(
         "lads", help=f"Delivery policy ({SERVE_POLICIES}); fifo runs without leases."
     ),
+    engine_policy: str = typer.Option("vllm", help=replay_cmd.ENGINE_HELP),
     profile: str = typer.Option(
         "cpu", help=f"Engine and lease settings ({', '.join(PROFILES)}); see README."
     ),
@@ -87,8 +88,9 @@ def serve(
         check_bind(host, api_key)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--api-key") from None
-    if policy not in replay_cmd.REPLAY_POLICIES:
+    if policy not in replay_cmd.DELIVERY_POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; choose from {SERVE_POLICIES}")
+    engine = replay_cmd.parse_engine(engine_policy)
     prof = _serve_profile(
         profile, model, kv_blocks, max_model_len, max_num_seqs, headroom_blocks, lease_s
     )
@@ -111,12 +113,12 @@ def serve(
         def ready(url: str) -> None:
             console.print(
                 f"[green]ladsd serving[/green] on {url} (model {model}, policy {policy}, "
-                f"profile {prof.name})"
+                f"engine policy {engine}, profile {prof.name})"
             )
             console.print(f"[dim]engine log: {escape(str(log.path))}[/dim]")
 
         try:
-            daemon = Daemon(prof, policy, cfg)
+            daemon = Daemon(prof, policy, cfg, engine_policy=engine)
             audit = uvloop.run(daemon.run(ready))
         except Exception as e:  # start-up errors, a failed audit: say what, not a traceback
             raise replay_cmd.fail("", e, log) from None

@@ -17,6 +17,8 @@ from ladsd import logs
 from ladsd.config import PROFILES, Profile
 from ladsd.metrics import events, summary, table
 from ladsd.metrics.events import POLICIES as REPLAY_POLICIES
+from ladsd.modes import EnginePolicy
+from ladsd.workloads import plan as planning
 from ladsd.workloads.factory import WORKLOADS, make
 
 # Heavy modules (vLLM, torch) are imported inside the commands, after the log
@@ -24,6 +26,19 @@ from ladsd.workloads.factory import WORKLOADS, make
 
 console = Console()
 VERBOSE_HELP = "Show vLLM's and torch's logs on the terminal (always in the log file)."
+DELIVERY_POLICIES = planning.DELIVERY  # the eight of the tables, then the peers' delivery
+ENGINE_HELP = (
+    "vLLM's scheduler: vllm (its own FCFS order, fixed token budget) or augserve "
+    "(AugServe: value-density order, dynamic token budget; README, Peers)."
+)
+POLICY_HELP = (
+    f"One of: {', '.join(DELIVERY_POLICIES)}; or augserve (FIFO delivery on the augserve "
+    "engine policy) or augserve+POLICY."
+)
+PEERS_HELP = (
+    f"Add the neighbouring designs ({', '.join(planning.PEERS)}; README, Peers), "
+    "once per seed, and their tables."
+)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -36,14 +51,37 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def parse_policies(text: str) -> list[str]:
+def parse_engine(text: str) -> EnginePolicy:
+    try:
+        return EnginePolicy(text)
+    except ValueError:
+        choices = ", ".join(e.value for e in EnginePolicy)
+        raise typer.BadParameter(f"unknown engine policy {text!r}; choose from {choices}") from None
+
+
+def parse_policies(text: str, engine: EnginePolicy = EnginePolicy.VLLM) -> list[str]:
+    """Comma-separated run names, each on ``engine`` unless it names its own (canonical)."""
     names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in REPLAY_POLICIES]
+    out, bad = [], []
+    for p in names:
+        try:
+            out.append(planning.with_engine(p, engine))
+        except ValueError:
+            bad.append(p)
     if bad:
         raise typer.BadParameter(
-            f"unknown policies {bad}; choose from {', '.join(REPLAY_POLICIES)}"
+            f"unknown policies {bad}; choose from {', '.join(DELIVERY_POLICIES)}, "
+            "augserve or augserve+POLICY"
         )
-    return names
+    return list(dict.fromkeys(out))
+
+
+def compare_flags(
+    cohort: int | None, trace: Path | None, kv_blocks: int | None
+) -> dict[str, int | str]:
+    """The options a compare's run files record (those given; engine policy: per run)."""
+    flags = {"cohort": cohort, "trace": str(trace) if trace else None, "kv_blocks": kv_blocks}
+    return {k: v for k, v in flags.items() if v is not None}
 
 
 def _profile(name: str, kv_blocks: int | None) -> Profile:
@@ -112,8 +150,23 @@ def print_grids(grids: Sequence[table.Grid]) -> None:
             console.print(t)
 
 
+def write_peers(runs: dict[str, list[events.RunRecord]], out: Path, tag: str) -> None:
+    """With peers among ``runs``: print their tables, write -peers.md and -peers.json."""
+    import orjson
+
+    peer = table.peer_comparison(runs)
+    if peer is None:
+        return
+    grids = table.peer_grids(peer)
+    print_grids(grids)
+    (out / f"{tag}-peers.md").write_text(table.markdown(grids))
+    doc = table.peer_dict(peer)
+    (out / f"{tag}-peers.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+
+
 def replay(
-    policy: str = typer.Option("lads", help=f"One of: {', '.join(REPLAY_POLICIES)}."),
+    policy: str = typer.Option("lads", help=POLICY_HELP),
+    engine_policy: str = typer.Option("vllm", help=ENGINE_HELP),
     workload: str = typer.Option("controlled", help=f"One of: {', '.join(WORKLOADS)}."),
     profile: str = typer.Option("cpu", help=f"One of: {', '.join(PROFILES)}."),
     seeds: str = typer.Option("1", help="Comma-separated input seeds, e.g. 1,2,3."),
@@ -124,7 +177,10 @@ def replay(
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Replay a workload under one delivery policy; print a summary table."""
-    parse_policies(policy)
+    names = parse_policies(policy, parse_engine(engine_policy))
+    if len(names) != 1:
+        raise typer.BadParameter(f"give one policy, got {policy!r}")
+    policy = names[0]
     _check_workload(workload)
     prof = _profile(profile, kv_blocks)
     seed_list = parse_seeds(seeds)
@@ -157,7 +213,13 @@ def replay(
 
 def compare(
     workload: str = typer.Option("controlled", help=f"One of: {', '.join(WORKLOADS)}."),
-    policies: str = typer.Option(",".join(REPLAY_POLICIES), help="Comma-separated policies."),
+    policies: str = typer.Option(
+        ",".join(REPLAY_POLICIES), help="Comma-separated policies (see replay --help)."
+    ),
+    peers: bool = typer.Option(False, "--peers", help=PEERS_HELP),
+    engine_policy: str = typer.Option(
+        "vllm", help=ENGINE_HELP + " Policies without their own engine run on it."
+    ),
     profile: str = typer.Option("cpu", help=f"One of: {', '.join(PROFILES)}."),
     seeds: str = typer.Option("1,2,3", help="Comma-separated input seeds."),
     cohort: int = typer.Option(None, help="Cohort size C (8 or 16)."),
@@ -175,20 +237,20 @@ def compare(
     Each (seed, repeat) block runs its policies in a rotated order; the core
     policies run --repeats times per seed and their repeats are the noise floor.
     Every run file records its configuration; a resume refuses a file made with
-    another one.
+    another one. With --peers, the neighbouring designs run beside them (once per
+    seed) and -peers.md / -peers.json hold their tables.
     """
-    from ladsd.workloads import plan as planning
-
     _check_workload(workload)
-    names = parse_policies(policies)
+    names = parse_policies(policies, parse_engine(engine_policy))
+    if peers:  # checked again: a peer whose policy is not registered fails here, not mid-run
+        names = parse_policies(",".join(planning.with_peers(names)))
     prof = _profile(profile, kv_blocks)
     seed_list = parse_seeds(seeds)
     if repeats < 1:
         raise typer.BadParameter("--repeats must be at least 1")
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{workload}" + (f"-c{cohort}" if cohort else "") + f"-{prof.name}"
-    flags = {"cohort": cohort, "trace": str(trace) if trace else None, "kv_blocks": kv_blocks}
-    flags = {k: v for k, v in flags.items() if v is not None}
+    flags = compare_flags(cohort, trace, kv_blocks)
     slots = planning.plan(names, seed_list, repeats, out, tag)
     stored = {s.path for s in slots if resume and s.path.exists()}
     n = len(slots)
@@ -207,7 +269,7 @@ def compare(
             head = f"run {i}/{n} {pol} seed {seed}" + (
                 f" repeat {slot.repeat}" if slot.repeat > 1 else ""
             )
-            want = planning.config(prof, workload, seed, flags)
+            want = planning.config(prof, workload, seed, planning.run_flags(flags, pol))
             if path in stored:
                 rec = events.load(path)
                 if "config" in rec.meta:
@@ -250,6 +312,7 @@ def compare(
         grids = [*table.comparison_grids(comp), table.drivers_grid(runs)]
         print_grids(grids)
         (out / f"{tag}-table.md").write_text(table.markdown(grids))
+        write_peers(runs, out, tag)
         from ladsd.metrics import plots
 
         plots.latency_cdf(runs, out / f"{tag}-cdf.png")

@@ -29,6 +29,7 @@ from aiohttp import web
 
 from ladsd.config import Profile
 from ladsd.engine.thread import EngineThread
+from ladsd.modes import EnginePolicy
 from ladsd.records import EngineState
 from ladsd.runtime import Runtime, open_runtime
 from ladsd.serve import agents, completions, metrics, protocol
@@ -66,11 +67,20 @@ def _catalog() -> Catalog | None:
 
 
 class Daemon:
-    def __init__(self, profile: Profile, policy: str = "lads", cfg: ServeConfig | None = None):
+    """The daemon of one delivery ``policy`` on one ``engine_policy`` (``--engine-policy``)."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        policy: str = "lads",
+        cfg: ServeConfig | None = None,
+        engine_policy: EnginePolicy = EnginePolicy.VLLM,
+    ):
         self.cfg = cfg = cfg or ServeConfig()
         check_bind(cfg.host, cfg.api_key)
         self.profile = profile
         self.policy = policy
+        self.engine_policy = EnginePolicy(engine_policy)
         self.model = profile.engine.model
         self.max_model_len = profile.engine.max_model_len
         self.admit_limit = profile.engine.max_num_seqs + cfg.max_waiting
@@ -172,6 +182,7 @@ class Daemon:
     async def health(self, _: web.Request) -> web.Response:
         if self.alive:
             body = {"status": "ok", "model": self.model, "policy": self.policy}
+            body |= {"engine_policy": self.engine_policy.value}
             body |= {"sessions": len(self.sessions), "in_flight": self.in_flight}
             return json_response(body)
         eng = self.engine
@@ -239,7 +250,9 @@ class Daemon:
         cleaned = False
         try:
             await web.TCPSite(runner, cfg.host, cfg.port).start()
-            async with open_runtime(self.profile, self.policy) as rt:
+            async with open_runtime(
+                self.profile, self.policy, engine_policy=self.engine_policy
+            ) as rt:
                 self._attach(rt)
                 if ready is not None:
                     ready(f"http://{cfg.host}:{cfg.port}")

@@ -31,9 +31,12 @@ from ladsd.records import ContinuationId
 from ladsd.runtime import CallOutcome, Runtime, engine_for, open_runtime
 from ladsd.workloads import sizing
 from ladsd.workloads.cohort import Cohorts
+from ladsd.workloads.plan import run_parts
 from ladsd.workloads.spec import WorkflowSpec, Workload
 
-REPLAY_POLICIES = POLICIES  # the seven policies plus the infinite-cache reference
+# The seven policies plus the infinite-cache reference; ``run`` also takes peers'
+# delivery policies and engine policies by run name (ladsd.workloads.plan).
+REPLAY_POLICIES = POLICIES
 
 Progress = Callable[[str, int, int], None]  # (workflow, calls done, calls total)
 
@@ -81,20 +84,20 @@ async def run(
     progress: Progress | None = None,
     meta: dict[str, Any] | None = None,
 ) -> RunRecord:
-    """Run ``workload`` under ``policy_name``; return the run record (audit checked).
+    """Run ``workload`` under the run name ``policy_name``; return the run record (audit checked).
 
-    ``meta`` is added to the record's meta (e.g. the plan's repeat and config).
+    ``policy_name`` is a delivery policy, optionally with an engine policy
+    (``augserve``, ``augserve+lads``: :func:`ladsd.workloads.plan.run_parts`); the
+    record carries the run name, its meta both parts. ``meta`` is added to the
+    record's meta (e.g. the plan's repeat and config).
 
     Fails fast: the first failing workflow (a failed link, a dead engine, a
     policy error) cancels the others, the lease audit still runs, and
     :class:`RunFailed` names the cause.
     """
-    if policy_name not in REPLAY_POLICIES:
-        raise ValueError(
-            f"unknown policy {policy_name!r}; choose from {', '.join(REPLAY_POLICIES)}"
-        )
-    prof = engine_for(profile, policy_name)
-    if prof.pool_rule and policy_name != "infinite-cache":
+    delivery, engine_policy = run_parts(policy_name)
+    prof = engine_for(profile, delivery)
+    if prof.pool_rule and delivery != "infinite-cache":
         prof = sizing.sized(prof, workload, tool_tokens(prof.engine.model))
     link = prof.link
     if workload.rate_bytes_per_s is not None:
@@ -102,9 +105,10 @@ async def run(
     link = replace(link, codec=workload.codec)
     rt: Runtime | None = None
     try:
-        async with open_runtime(prof, policy_name, link=link) as rt:
+        async with open_runtime(prof, delivery, link=link, engine_policy=engine_policy) as rt:
             rec = await _run(workload, prof, policy_name, rt, progress)
-            return replace(rec, meta={**rec.meta, **(meta or {})})
+            parts = {"delivery_policy": delivery, "engine_policy": engine_policy.value}
+            return replace(rec, meta={**rec.meta, **parts, **(meta or {})})
     except Exception as e:
         audit = rt.audit if rt is not None else None
         if isinstance(e, RunFailed):
