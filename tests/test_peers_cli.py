@@ -110,6 +110,14 @@ def test_peers_join_the_list_once_per_seed_with_run_name_files() -> None:
         assert sorted(s.seed for s in slots if s.policy == p) == [1, 2]
     assert len([s for s in slots if s.policy == "lads"]) == 4
     assert Path("o/t-augserve+lads-s2.json") in {s.path for s in slots}
+    # Only peers (e.g. --engine-policy augserve --policies fifo,lads): each once per seed.
+    only = plan.plan(["augserve", "augserve+lads"], [1, 2], 2, Path("o"), "t")
+    assert [(s.seed, s.policy, s.repeat) for s in only] == [
+        (1, "augserve", 1),
+        (1, "augserve+lads", 1),
+        (2, "augserve+lads", 1),
+        (2, "augserve", 1),
+    ]
 
 
 def test_cli_options_are_documented_and_checked_before_any_run() -> None:

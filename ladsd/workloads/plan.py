@@ -118,8 +118,9 @@ def plan(
 ) -> list[Slot]:
     """Blocks (seed, repeat) in order; each block runs its policies in rotated order.
 
-    Core policies run ``repeats`` times per seed, the others once. Repeat 1
-    keeps the single-run file name, so older folders resume as they are.
+    Core policies (:data:`CORE`, by run name: ``augserve+lads`` is a peer, not
+    LADS) run ``repeats`` times per seed, the others once. Repeat 1 keeps the
+    single-run file name, so older folders resume as they are.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -128,6 +129,8 @@ def plan(
     for seed in seeds:
         for rep in range(1, repeats + 1):
             names = [p for p in policies if rep == 1 or p in CORE]
+            if not names:  # no core policy (e.g. only peers): nothing repeats
+                break
             for pos, p in enumerate(order(names, block)):
                 suffix = "" if rep == 1 else f"-r{rep}"
                 slots.append(Slot(seed, p, rep, pos, out / f"{tag}-{p}-s{seed}{suffix}.json"))
