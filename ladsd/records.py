@@ -39,6 +39,26 @@ LEASE_COUNTERS: tuple[str, ...] = (
     "invalidations",
 )
 
+# Retention outside the LADS budget (pins: ttl-pin and AugServe's Preserve), always
+# published beside LEASE_COUNTERS (zero under policies that never pin).
+RETENTION_COUNTERS: tuple[str, ...] = (
+    "pins",
+    "pin_handoffs",
+    "pin_handoff_mismatches",
+    "pin_expiries",
+    "pin_cancels",
+    "pin_cold",
+    "pin_stripped",
+    "pin_stripped_blocks",
+    "preserves",
+    "preserve_repeats",
+    "preserve_refused_not_candidate",
+    "preserve_refused_cold",
+    "leases_to_pins",
+    "sessions",
+    "session_reorders",
+)
+
 
 @dataclass(frozen=True, order=True)
 class ContinuationId:
@@ -80,6 +100,10 @@ class HistoryNotice:
     # back, used for T_B in place of the link estimate when the result does not
     # travel the daemon's own link. A prediction, not a promise.
     expected_wait_s: float | None = None
+    # HEAR session retention: the probability that this session makes another
+    # call after the one that produced ``token_ids``, estimated by the harness
+    # from completed sessions only (ladsd.continuation). None: the engine's prior.
+    continuation_p: float | None = None
 
 
 @dataclass(frozen=True)
@@ -144,9 +168,22 @@ class LeaseStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+class LeaseKind(StrEnum):
+    """What holds a published record's references.
+
+    ``LADS``: a budgeted, revocable lease (spec 3). ``PIN``: a pin outside the
+    budget (ttl-pin, AugServe's Preserve): never revoked for headroom, not in
+    ``U`` or ``B``, and its handoff returns no budget quota, so its record
+    says ``exclusive_blocks == 0``.
+    """
+
+    LADS = "lads"
+    PIN = "pin"
+
+
 @dataclass(frozen=True)
 class LeaseRecord:
-    """A version-bound lease record (spec 3.4)."""
+    """A version-bound lease record (spec 3.4); ``kind`` tells pins from LADS leases."""
 
     cid: ContinuationId
     prefix_digest: str
@@ -158,6 +195,7 @@ class LeaseRecord:
     generation: int  # budget generation at publication
     status: LeaseStatus = LeaseStatus.GRANTED  # the lease's own status when published
     committed_before_grant: bool = False  # grant recorded after commitment?
+    kind: LeaseKind = LeaseKind.LADS
 
 
 @dataclass(frozen=True)

@@ -182,13 +182,18 @@ class Candidates:
         for p in self.ordered():
             self.resident(p)
             tau = bud.remaining_horizon(self.lifetime, p.granted_at, now)
-            wait = p.notice.expected_wait_s
-            if wait is not None:  # the harness's prediction instead of the link estimate
-                t_b = bud.time_to_allocation(max(0.0, p.notice.ready_time + wait - now), delay)
-            else:
-                t_b = bud.time_to_allocation(link.get(p.cid, math.inf), delay)
+            t_b = self.time_to_use(p, now, delay, link)
             out.append((p, bud.Candidate(p.cid, p.ids, tau, t_b)))
         return out
+
+    def time_to_use(
+        self, p: Pending, now: float, delay: float, link: dict[ContinuationId, float]
+    ) -> float:
+        """``T_B_i``: the notice's expected wait when given, else the FIFO link time; + delay."""
+        wait = p.notice.expected_wait_s
+        if wait is not None:  # the harness's prediction instead of the link estimate
+            return bud.time_to_allocation(max(0.0, p.notice.ready_time + wait - now), delay)
+        return bud.time_to_allocation(link.get(p.cid, math.inf), delay)
 
     def link_times(self) -> dict[ContinuationId, float]:
         """``(Q_B + sum_{j<=i}(h + p_j)) / R`` per pending identity; committed: ``Q_B / R``."""

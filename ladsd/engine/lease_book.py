@@ -40,9 +40,19 @@ Contract (mini-sglang style; read this before touching the code):
   or an older version once the newer one has settled) is a new candidate with
   a new ``g_i``, where the book used to remember every identity forever. The
   runtime announces each continuation once, before the sender sees it.
-* Audit: ``ref_cnt == native holders + lease references`` for every block, and
-  the parts agree with each other (:meth:`check`); added == released + held
-  references (:meth:`audit`).
+* Retention other than LADS (``retention``; :mod:`ladsd.modes`): pins
+  (:mod:`ladsd.engine.pins`: ``Retention.TTL_PIN`` pins every notice at
+  readiness; :meth:`LeaseBook.preserve` pins for AugServe's Preserve) and
+  HEAR's session order (:mod:`ladsd.engine.session`: ``Retention.SESSION``
+  reorders the free queue at ``schedule()`` entry, with no references). Pins
+  are outside the budget: not in ``U``, ``B`` or the budget's view, never
+  revoked; a pinned candidate gets no LADS grant, and pinning a leased one
+  ends its lease (``leases_to_pins``) after the pin holds the blocks. A
+  continuation is also live while pinned. Under LADS and NONE neither part
+  ever holds anything, and nothing they do runs.
+* Audit: ``ref_cnt == native holders + lease and pin references`` for every
+  block, and the parts agree with each other (:meth:`check`); added ==
+  released + held references, per kind and in total (:meth:`audit`).
 """
 
 from __future__ import annotations
@@ -64,15 +74,20 @@ from ladsd.engine import budget as bud
 from ladsd.engine.candidates import Candidates, Pending, View, turn_of
 from ladsd.engine.lease_pool import LeaseIntegrityError
 from ladsd.engine.lease_table import Lease, LeaseTable, Native
+from ladsd.engine.pins import Pins, pin_ttl
 from ladsd.engine.resident import flatten, lookup_hit
+from ladsd.engine.session import P_PRIOR, Sessions
+from ladsd.modes import Retention
 from ladsd.records import (
     LEASE_COUNTERS,
+    RETENTION_COUNTERS,
     ContinuationId,
     DenialEvent,
     EngineState,
     HistoryNotice,
     LeaseEvent,
     LeaseEventKind,
+    LeaseKind,
     LeaseRecord,
     LeaseStatus,
     Phase,
@@ -146,6 +161,7 @@ class LeaseBook:
         hash_algo: str = "sha256",
         native_extra: Native = lambda: (),
         waiting: Waiting = lambda: (),
+        retention: Retention = Retention.LADS,
     ) -> None:
         if kappa < 0 or not math.isfinite(kappa):
             raise ValueError(f"kappa must be a finite non-negative number, got {kappa}")
@@ -162,6 +178,11 @@ class LeaseBook:
         self.pool = self.table.pool
         self.cands = Candidates(kv, self.pool, cfg.lease_lifetime_s, hash_block_size, hash_algo)
         self.bound: dict[str, ContinuationId] = {}  # request id -> its leased continuation
+        self.retention = Retention(retention)
+        self.pins = Pins(kv, clock(), native_extra)  # outside the budget (ttl-pin, preserve)
+        self.sessions = Sessions(self.pool, self.table.block_sizes)  # HEAR's eviction order
+        if self.retention is Retention.SESSION:
+            self.pool.stamp_frees(clock)  # idle: when a session's blocks became free
 
         self.generation = 0
         self.budget = _NO_BUDGET
@@ -179,6 +200,8 @@ class LeaseBook:
         """A result is ready: find ``P_i``, evaluate the budget, try FIFO grants."""
         if n.payload_bytes < 0:
             raise ValueError(f"{n.cid.key()}: negative payload_bytes {n.payload_bytes}")
+        if n.continuation_p is not None and not 0.0 <= n.continuation_p <= 1.0:
+            raise ValueError(f"{n.cid.key()}: continuation_p {n.continuation_p} not in [0, 1]")
         now = self.clock()
         self.maintain(now)
         if not self._supersede(n.cid):
@@ -190,10 +213,42 @@ class LeaseBook:
         if self.cands.phases.get(n.cid) in (Phase.RECEIVED, Phase.CANCELLED):
             self.counters["late_notices"] += 1  # nothing left to protect ahead of receipt
             return
-        self.cands.announce(n)
+        p = self.cands.announce(n)
+        if self.retention is Retention.TTL_PIN:
+            self._pin_at_readiness(p, now)
+        elif self.retention is Retention.SESSION:
+            self._enter_session(p, now)
         view = self._view(now)
         self._evaluate(now, view)
         self._replenish(now, view)
+
+    def preserve(self, cid: ContinuationId, ttl_s: float) -> bool:
+        """AugServe's Preserve: pin ``cid``'s ``P_i`` outside the budget for ``min(ttl_s, l)``.
+
+        ``cid`` must be a live candidate (noticed, not yet registered) with a
+        resident prefix; otherwise nothing is pinned, the reason is counted
+        (``preserve_refused_not_candidate`` / ``preserve_refused_cold``) and
+        the answer is False. Already pinned: True, the pin unchanged
+        (``preserve_repeats``). A LADS lease it holds ends once the pin holds
+        its blocks (``leases_to_pins``); while pinned it gets no LADS grant.
+        """
+        if not ttl_s >= 0:
+            raise ValueError(f"{cid.key()}: preserve ttl must be non-negative, got {ttl_s}")
+        now = self.clock()
+        self.maintain(now)
+        if cid in self.pins:
+            self.counters["preserve_repeats"] += 1
+            return True
+        p = self.cands.pending.get(cid)
+        if p is None:
+            self.counters["preserve_refused_not_candidate"] += 1
+            return False
+        if not self._pin(p, ttl_s, now):
+            self.counters["preserve_refused_cold"] += 1
+            return False
+        self.counters["preserves"] += 1
+        self._refill(now)
+        return True
 
     def require(self, n: HistoryNotice) -> str | None:
         """Retention as a requirement (ladsd serve): lease ``n``'s history now, or say why not.
@@ -208,8 +263,8 @@ class LeaseBook:
             return "leases are off under this policy"
         self.notice(n)  # announce (and grant, if FIFO replenishment already can)
         cid = n.cid
-        if cid in self.table.leases:
-            return None
+        if cid in self.table.leases or cid in self.pins:
+            return None  # a pin holds it too, outside the budget and never revoked
         p = self.cands.pending.get(cid)
         if p is None:
             return "not a lease candidate (a stale, repeated or late notice)"
@@ -255,11 +310,13 @@ class LeaseBook:
     def bind(self, cid: ContinuationId, req_id: str) -> None:
         """``cid`` was registered with the engine as ``req_id``: the handoff target."""
         self.maintain(self.clock())
+        self.sessions.bind(cid, req_id)  # first: a bound session outlives its candidate
         self._forget(cid)
         lease = self.table.leases.get(cid)
         if lease is not None:
             lease.reqs.append(req_id)  # any request of it whose table covers the lease takes over
             self.bound[req_id] = cid
+        self.pins.bind(cid, req_id)
         self._refill(self.clock())
 
     def cancel(self, cid: ContinuationId) -> None:
@@ -278,38 +335,54 @@ class LeaseBook:
         self._replenish(now, view)
 
     def before_schedule(self) -> None:
-        """``schedule()`` entry: expiry and revocation before vLLM allocates."""
+        """``schedule()`` entry: expiry, revocation and the session order before vLLM allocates."""
         now = self.clock()
         self.maintain(now)
         self._refill(now)
+        if self.retention is Retention.SESSION and self.sessions.reorder(now):
+            self.counters["session_reorders"] += 1
 
     def after_schedule(self, num_scheduled_tokens: dict[str, int]) -> None:
         """Handoff of bound continuations whose allocation succeeded this step."""
         now = self.clock()
         for req_id, n in num_scheduled_tokens.items():
-            cid = self.bound.get(req_id)
-            if cid is None or n <= 0:
+            if n <= 0:
                 continue
-            lease = self.table.leases[cid]  # bound only while leased (see check)
-            if lease.covered_by(self.kv.coordinator.get_blocks(req_id)):
-                self._end(lease, LeaseStatus.HANDED_OFF, "handoffs", now)
-            elif not lease.mismatch:
-                lease.mismatch = True
-                self.counters["handoff_mismatches"] += 1
+            cid = self.bound.get(req_id)
+            if cid is not None:
+                lease = self.table.leases[cid]  # bound only while leased (see check)
+                if lease.covered_by(self.kv.coordinator.get_blocks(req_id)):
+                    self._end(lease, LeaseStatus.HANDED_OFF, "handoffs", now)
+                elif not lease.mismatch:
+                    lease.mismatch = True
+                    self.counters["handoff_mismatches"] += 1
+            pcid = self.pins.bound.get(req_id)
+            if pcid is not None:  # the same rule as a lease's handoff
+                pin = self.pins.pins[pcid]
+                if pin.covered_by(self.kv.coordinator.get_blocks(req_id)):
+                    self._end_pin(pin, LeaseStatus.HANDED_OFF, "pin_handoffs", now)
+                elif not pin.mismatch:
+                    pin.mismatch = True
+                    self.counters["pin_handoff_mismatches"] += 1
+            if self.sessions.by_req:
+                self.sessions.allocated(req_id)  # allocated: no longer waiting
         self._refill(now)
 
     def drop_all(self, counter: str) -> None:
-        """Release every lease (prefix-cache reset, end of run)."""
+        """Release every lease and pin (prefix-cache reset, end of run)."""
         now = self.clock()
         self._strip(now)
         for lease in self.table.ordered():
             self._end(lease, LeaseStatus.CANCELLED, counter, now)
+        for pin in self.pins.ordered():
+            self._end_pin(pin, LeaseStatus.CANCELLED, f"pin_{counter}", now)
 
     def release_all(self) -> None:
         """End of run: release every lease and forget all candidates."""
         self.drop_all("released_at_end")
         self.cands.clear()
         self.bound.clear()
+        self.sessions.clear()
         self._refused.clear()
         self.denials = []
         self._released = False
@@ -323,7 +396,9 @@ class LeaseBook:
         self._strip(now)
         for lease in self.table.due(now):
             self._end(lease, LeaseStatus.EXPIRED, "expiries", now)
-        self._revoke(now)
+        for pin in self.pins.table.due(now):
+            self._end_pin(pin, LeaseStatus.EXPIRED, "pin_expiries", now)
+        self._revoke(now)  # LADS leases only: a pin is never revoked for headroom
         for cid in self.cands.unlisted(now):  # never offered within l (bounded memory)
             self._forget(cid)
         return self.pool.refs_released != before
@@ -336,6 +411,13 @@ class LeaseBook:
                 self._end(lease, LeaseStatus.CANCELLED, "stripped_leases", now)
             elif cut:
                 self.counters["stripped_blocks"] += cut
+                self._released = True
+        for pin in self.pins.table.stripped():
+            cut = self.pins.table.cut(pin, now)
+            if cut is None:
+                self._end_pin(pin, LeaseStatus.CANCELLED, "pin_stripped", now)
+            elif cut:
+                self.counters["pin_stripped_blocks"] += cut
                 self._released = True
 
     def _revoke(self, now: float) -> None:
@@ -360,7 +442,56 @@ class LeaseBook:
     # -- budget and grants -------------------------------------------------
 
     def _view(self, now: float) -> View:
-        return self.cands.view(now, self._engine_delay())
+        """Candidates in FIFO order; pinned ones are outside the budget and left out."""
+        view = self.cands.view(now, self._engine_delay())
+        if self.pins.pins:
+            view = [(p, c) for p, c in view if p.cid not in self.pins]
+        return view
+
+    # -- pins and sessions -------------------------------------------------
+
+    def _pin_at_readiness(self, p: Pending, now: float) -> None:
+        """ttl-pin: pin ``P_i`` for the predicted wait ``T_B_i`` plus a margin, capped at ``l``."""
+        t_b = self.cands.time_to_use(p, now, self._engine_delay(), self.cands.link_times())
+        ttl = pin_ttl(t_b, self.cfg.lease_lifetime_s, self.cfg.tick_s)
+        if not self._pin(p, ttl, now):
+            self.counters["pin_cold"] += 1
+
+    def _pin(self, p: Pending, ttl: float, now: float) -> bool:
+        """Pin ``p``'s ``P_i`` now until ``now + min(ttl, l)``; False if nothing is resident."""
+        if not self.cands.resident(p):
+            return False
+        self.pins.pin(
+            p.notice,
+            p.resident,
+            deadline=now + min(ttl, self.cfg.lease_lifetime_s),
+            committed=p.committed,
+            generation=self.generation,
+            now=now,
+        )
+        self.counters["pins"] += 1
+        self._released_all = False
+        lease = self.table.leases.get(p.cid)
+        if lease is not None:  # the pin holds the blocks now: the lease's quota goes back
+            self._end(lease, LeaseStatus.CANCELLED, "leases_to_pins", now)
+        return True
+
+    def _end_pin(self, pin: Lease, status: LeaseStatus, counter: str, now: float) -> bool:
+        """Release ``pin`` (once), count how it ended, settle its continuation."""
+        if not self.pins.release(pin, status, now):
+            return False
+        self.counters[counter] += 1
+        self._released = True
+        self._settle(pin.cid)
+        return True
+
+    def _enter_session(self, p: Pending, now: float) -> None:
+        """HEAR: ``p``'s session waits with its resident ``P_i`` in the eviction order."""
+        if not self.cands.resident(p):
+            return  # nothing resident to order
+        prob = p.notice.continuation_p
+        self.sessions.enter(p.cid, P_PRIOR if prob is None else prob, p.resident, now)
+        self.counters["sessions"] += 1
 
     def _evaluate(self, now: float, view: View) -> None:
         """One budget evaluation: a new generation with its own denial list."""
@@ -494,6 +625,10 @@ class LeaseBook:
             self._end(lease, LeaseStatus.CANCELLED, counter, self.clock())
         elif cid in self.cands.pending:
             self.counters[counter] += 1
+        pin = self.pins.pins.get(cid)
+        if pin is not None:  # cancelled or superseded
+            self._end_pin(pin, LeaseStatus.CANCELLED, "pin_cancels", self.clock())
+        self.sessions.end(cid)
         self._forget(cid)
 
     def _forget(self, cid: ContinuationId) -> None:
@@ -502,11 +637,12 @@ class LeaseBook:
             # Only candidates are refused, and a new candidate comes with a notice,
             # which starts a new generation: its refusals can never be counted again.
             self._refused.pop(cid, None)
+            self.sessions.end_unbound(cid)  # dropped before any request was bound
             self._settle(cid)
 
     def _settle(self, cid: ContinuationId) -> None:
         """Keep nothing about ``cid`` once it is neither a candidate nor leased."""
-        if cid not in self.cands.pending and cid not in self.table.leases:
+        if cid not in self.cands.pending and cid not in self.table.leases and cid not in self.pins:
             self.cands.settle(cid)
 
     def _engine_delay(self) -> float:
@@ -527,15 +663,21 @@ class LeaseBook:
         return self._records[1]
 
     def _build_records(self) -> tuple[LeaseRecord, ...]:
-        return tuple(x.record(self.exclusive(x), self.generation) for x in self.table.ordered())
+        gen = self.generation
+        leases = tuple(x.record(self.exclusive(x), gen) for x in self.table.ordered())
+        # A pin's handoff returns no budget quota: its record's E_i is 0.
+        return leases + tuple(x.record(0, gen, LeaseKind.PIN) for x in self.pins.ordered())
 
     def snapshot_counters(self, now: float) -> dict[str, float]:
-        out: dict[str, float] = dict.fromkeys(LEASE_COUNTERS, 0.0)
+        out: dict[str, float] = dict.fromkeys((*LEASE_COUNTERS, *RETENTION_COUNTERS), 0.0)
         out.update((k, float(v)) for k, v in self.counters.items())
         out["protection_block_seconds"] = self.table.integrate(now)
-        out["refs_added"] = float(self.pool.refs_added)
+        out["pin_block_seconds"] = self.pins.table.integrate(now)
+        out["refs_added"] = float(self.pool.refs_added)  # every kind (leases and pins)
         out["refs_released"] = float(self.pool.refs_released)
         out["active_leases"] = float(len(self.table.leases))
+        out["active_pins"] = float(len(self.pins.pins))
+        out["waiting_sessions"] = float(len(self.sessions.entries))
         return out
 
     def state(self, seq: int) -> EngineState:
@@ -574,21 +716,29 @@ class LeaseBook:
 
         ``denials`` (this generation's denial events, published as they are) is
         not listed: every evaluation replaces it, so it never holds more than
-        one generation's candidates.
+        one generation's candidates. The pins' and sessions' entries are
+        listed only while non-zero, so a LADS run's listing is unchanged.
         """
+        retention = {**self.pins.sizes(), **self.sessions.sizes()}
         return {
             **self.cands.sizes(),
             **self.table.sizes(),
             "bound": len(self.bound),
             "refused": len(self._refused),
+            **{k: v for k, v in retention.items() if v},  # listed while they hold something
         }
 
     def check(self) -> None:
         """Raise :class:`LeaseIntegrityError` unless every count agrees (see contract)."""
         self.table.check_integrity()
+        self.pins.check_integrity()
+        self.sessions.check_integrity()
         self.cands.check_integrity()
+        both = self.table.leases.keys() & self.pins.pins.keys()
+        if both:
+            raise LeaseIntegrityError(f"{len(both)} continuation(s) both leased and pinned")
         live: dict[tuple[str, int], int] = {}
-        for cid in {*self.cands.pending, *self.table.leases}:
+        for cid in {*self.cands.pending, *self.table.leases, *self.pins.pins}:
             if live.setdefault(turn_of(cid), cid.version) != cid.version:
                 raise LeaseIntegrityError(f"two versions of {cid.key()}'s turn are live")
         if live != self.cands.latest:
@@ -601,11 +751,19 @@ class LeaseBook:
                 raise LeaseIntegrityError(f"request {req_id} bound to {cid.key()} without a lease")
 
     def audit(self) -> dict[str, float]:
-        """Added vs released references; raises on any mismatch."""
+        """Added vs released references, per kind and in total; raises on any mismatch."""
         self.check()
-        held = self.table.balance()
+        held = self.table.balance() + self.pins.table.balance()
+        pool = self.pool
+        if pool.refs_added != pool.refs_released + held:
+            raise LeaseIntegrityError(
+                f"references added {pool.refs_added} != released {pool.refs_released} + held {held}"
+            )
         out = self.snapshot_counters(self.clock())
         out["refs_held"] = float(held)
-        if self._released_all and (self.table.leases or held):
-            raise LeaseIntegrityError(f"{len(self.table.leases)} leases remain after release_all")
+        out["pin_refs_added"] = float(self.pins.table.ledger.added)
+        out["pin_refs_released"] = float(self.pins.table.ledger.released)
+        if self._released_all and (self.table.leases or self.pins.pins or held):
+            n = len(self.table.leases) + len(self.pins.pins)
+            raise LeaseIntegrityError(f"{n} leases and pins remain after release_all")
         return out

@@ -1,20 +1,28 @@
-"""vLLM's block pool with a ledger of lease references, and the integrity check.
+"""vLLM's block pool with ledgers of lease references, and the integrity check.
 
 Lock/unlock contract (spec 3, architecture.md "Lease operations"):
 
-* ``lease_touch(blocks)`` is the only way a lease takes references: one
-  ``BlockPool.touch`` reference per real block (a block at ``ref_cnt == 0``
-  leaves the free queue and so cannot be evicted) plus one entry in the
-  per-block lease ledger.
-* ``lease_free(blocks)`` is the only way a lease gives them back:
-  ``BlockPool.free_blocks(reversed(blocks))`` for blocks that hold a lease
-  reference; blocks without one are skipped, so a stray second release can
-  never take a reference that a running request owns.
+* ``lease_touch(blocks, kind)`` is the only way a lease or a pin takes
+  references: one ``BlockPool.touch`` reference per real block (a block at
+  ``ref_cnt == 0`` leaves the free queue and so cannot be evicted) plus one
+  entry in the per-block ledger of its :class:`~ladsd.records.LeaseKind`
+  (LADS leases and pins keep separate ledgers, so ``U`` counts LADS leases
+  only, while the integrity check counts both).
+* ``lease_free(blocks, kind)`` is the only way they give them back:
+  ``BlockPool.free_blocks(reversed(blocks))`` for blocks that hold a reference
+  of that kind; blocks without one are skipped, so a stray second release can
+  never take a reference that a running request (or the other kind) owns.
 * ``ref_cnt`` is never written here; null blocks are never counted.
-* A block whose prefix-cache hash is stripped while leased (KV-connector
-  eviction, partial-to-full promotion, hash move) is remembered; the lease book
-  drains :meth:`LeaseBlockPool.take_stripped` and lets such blocks leave their
-  leases.
+* ``refs_added`` / ``refs_released`` count every kind (the run's audit);
+  each :class:`Ledger` counts its own.
+* A block whose prefix-cache hash is stripped while held (KV-connector
+  eviction, partial-to-full promotion, hash move) is remembered per ledger;
+  the lease book drains :meth:`LeaseBlockPool.take_stripped` and lets such
+  blocks leave their leases and pins.
+* Free stamps (HEAR session retention only, :meth:`stamp_frees`): when a block
+  returns to the free queue its time is kept in ``freed_at`` and
+  ``free_epoch`` counts the frees; the order of the free queue is not touched
+  here (the session order moves blocks with the queue's own remove/append).
 
 Without leases the pool behaves exactly like vLLM's (``scripts/vllm_compat.sh``
 runs vLLM's prefix-caching suite with it installed).
@@ -23,20 +31,33 @@ runs vLLM's prefix-caching suite with it installed).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
 
+from ladsd.records import LeaseKind
+
 
 class LeaseIntegrityError(AssertionError):
     """A block's reference count disagrees with its holders (fails the run)."""
 
 
+@dataclass
+class Ledger:
+    """References of one kind per block, with their totals (see the module contract)."""
+
+    refs: dict[int, int] = field(default_factory=dict)  # block id -> references
+    added: int = 0
+    released: int = 0
+    stripped: set[int] = field(default_factory=set)  # held blocks whose hash was removed
+
+
 class LeaseBlockPool(BlockPool):
-    """A :class:`BlockPool` that also counts lease references per block."""
+    """A :class:`BlockPool` that also counts lease and pin references per block."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -60,42 +81,53 @@ class LeaseBlockPool(BlockPool):
         return pool
 
     def _lease_init(self) -> None:
-        self.lease_refs: dict[int, int] = {}  # block id -> lease references
-        self.refs_added = 0
+        self.ledgers: dict[LeaseKind, Ledger] = {k: Ledger() for k in LeaseKind}
+        self.lease_refs = self.ledgers[LeaseKind.LADS].refs  # block id -> LADS references
+        self.refs_added = 0  # every kind
         self.refs_released = 0
-        self._stripped: set[int] = set()
         self.hash_epoch = 0  # bumps whenever any block loses a prefix-cache hash
+        self.free_epoch = 0  # bumps on every free while stamping (see stamp_frees)
+        self.freed_at: dict[int, float] = {}  # block id -> when it last became free
+        self._free_clock: Callable[[], float] | None = None
 
-    # -- lease references -------------------------------------------------
+    # -- lease and pin references ----------------------------------------------
 
-    def lease_touch(self, blocks: Sequence[KVCacheBlock]) -> int:
-        """Add one lease reference to each real block; returns how many."""
+    def lease_touch(self, blocks: Sequence[KVCacheBlock], kind: LeaseKind = LeaseKind.LADS) -> int:
+        """Add one reference of ``kind`` to each real block; returns how many."""
         real = [b for b in blocks if not b.is_null]
         self.touch(real)
+        led = self.ledgers[kind]
         for b in real:
-            self.lease_refs[b.block_id] = self.lease_refs.get(b.block_id, 0) + 1
+            led.refs[b.block_id] = led.refs.get(b.block_id, 0) + 1
+        led.added += len(real)
         self.refs_added += len(real)
         return len(real)
 
-    def lease_free(self, blocks: Sequence[KVCacheBlock]) -> int:
-        """Remove one lease reference from each block that holds one; returns how many."""
+    def lease_free(self, blocks: Sequence[KVCacheBlock], kind: LeaseKind = LeaseKind.LADS) -> int:
+        """Remove one reference of ``kind`` from each block that holds one; returns how many."""
+        led = self.ledgers[kind]
         held: list[KVCacheBlock] = []
         for b in blocks:
-            n = self.lease_refs.get(b.block_id, 0)
+            n = led.refs.get(b.block_id, 0)
             if b.is_null or n == 0:
                 continue
             if n == 1:
-                del self.lease_refs[b.block_id]
+                del led.refs[b.block_id]
             else:
-                self.lease_refs[b.block_id] = n - 1
+                led.refs[b.block_id] = n - 1
             held.append(b)
         # Tail first, as vLLM frees a request: the prefix head is evicted last.
         self.free_blocks(reversed(held))
+        led.released += len(held)
         self.refs_released += len(held)
         return len(held)
 
-    def lease_ref(self, block_id: int) -> int:
-        return self.lease_refs.get(block_id, 0)
+    def lease_ref(self, block_id: int, kind: LeaseKind = LeaseKind.LADS) -> int:
+        return self.ledgers[kind].refs.get(block_id, 0)
+
+    def held_refs(self, block_id: int) -> int:
+        """References of every kind on ``block_id`` (what ``ref_cnt`` holds beyond vLLM's)."""
+        return sum(led.refs.get(block_id, 0) for led in self.ledgers.values())
 
     @property
     def num_leased_blocks(self) -> int:
@@ -108,8 +140,9 @@ class LeaseBlockPool(BlockPool):
         removed = super()._remove_cached_block_hashes(block)
         if removed:
             self.hash_epoch += 1
-            if block.block_id in self.lease_refs:
-                self._stripped.add(block.block_id)
+            for led in self.ledgers.values():
+                if block.block_id in led.refs:
+                    led.stripped.add(block.block_id)
         return removed
 
     def reset_prefix_cache(self) -> bool:
@@ -118,10 +151,30 @@ class LeaseBlockPool(BlockPool):
             self.hash_epoch += 1
         return ok
 
-    def take_stripped(self) -> set[int]:
-        """Leased block ids whose hash was removed since the last call."""
-        out, self._stripped = self._stripped, set()
+    def take_stripped(self, kind: LeaseKind = LeaseKind.LADS) -> set[int]:
+        """Block ids held by ``kind`` whose hash was removed since the last call."""
+        led = self.ledgers[kind]
+        out, led.stripped = led.stripped, set()
         return out
+
+    # -- free stamps (session retention) -----------------------------------------
+
+    def stamp_frees(self, clock: Callable[[], float]) -> None:
+        """From now on, stamp each block that becomes free with ``clock()`` (engine thread)."""
+        self._free_clock = clock
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        clk = self._free_clock
+        if clk is None:
+            super().free_blocks(ordered_blocks)
+            return
+        blocks = list(ordered_blocks)
+        super().free_blocks(blocks)
+        t = clk()
+        for b in blocks:
+            if b.ref_cnt == 0 and not b.is_null and (b.pool is None or b.pool is self):
+                self.freed_at[b.block_id] = t
+        self.free_epoch += 1
 
 
 def native_refs(
@@ -161,16 +214,18 @@ def check_pool(pool: BlockPool, native: Counter[int]) -> None:
     the free queue. Raises :class:`LeaseIntegrityError` listing the first few
     violations.
     """
-    lease = getattr(pool, "lease_refs", {})
+    ledgers = pool.ledgers if isinstance(pool, LeaseBlockPool) else {}
     bad: list[str] = []
     for b in pool.blocks:
         if b.is_null:
             continue
-        want = native.get(b.block_id, 0) + lease.get(b.block_id, 0)
+        held = {k: led.refs.get(b.block_id, 0) for k, led in ledgers.items()}
+        want = native.get(b.block_id, 0) + sum(held.values())
         if b.ref_cnt != want:
+            extra = "".join(f" + {k.value} {n}" for k, n in held.items())
             bad.append(
                 f"block {b.block_id}: ref_cnt {b.ref_cnt} != native "
-                f"{native.get(b.block_id, 0)} + lease {lease.get(b.block_id, 0)}"
+                f"{native.get(b.block_id, 0)}{extra}"
             )
     free = {b.block_id for b in pool.free_block_queue.get_all_free_blocks()}
     unref = {b.block_id for b in pool.blocks if not b.is_null and b.ref_cnt == 0}

@@ -4,9 +4,11 @@ Contract (mini-sglang style: one owner per structure):
 
 * Owns: the active leases (``leases``, one per continuation), the holder index
   (``holders``: block id -> continuations whose lease holds it) and the time
-  integral of ``U`` (protection block-seconds). It is the only caller of
-  ``LeaseBlockPool.lease_touch`` / ``lease_free``, so the pool's ledger
-  (``lease_refs``, ``refs_added``, ``refs_released``) changes only here.
+  integral of ``U`` (protection block-seconds). One table per
+  :class:`~ladsd.records.LeaseKind`: the LADS table and the pin table each own
+  their ledger on the shared pool. Tables are the only callers of
+  ``LeaseBlockPool.lease_touch`` / ``lease_free``, so a ledger (its ``refs``,
+  ``added``, ``released``) changes only through its own table.
 * Lock: :meth:`acquire` takes exactly one reference per real block of the whole
   resident prefix ``P_i`` (never a subset). A lease is active iff it is in
   ``leases``; its status is GRANTED exactly then.
@@ -21,8 +23,9 @@ Contract (mini-sglang style: one owner per structure):
   which lease to grant, cut, expire, revoke or hand off, and what to count, is
   the book's.
 * Integrity: :meth:`check_integrity` (every block's ``ref_cnt`` == native
-  holders + lease references; the ledger equals the leases' blocks; the holder
-  index is exact) and :meth:`balance` (added == released + held).
+  holders + references of every kind; this table's ledger equals its leases'
+  blocks; the holder index is exact) and :meth:`balance` (added == released +
+  held, for this table's ledger).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
 
 from ladsd.engine.budget import fifo_key
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError, check_pool, native_refs
-from ladsd.records import ContinuationId, HistoryNotice, LeaseRecord, LeaseStatus
+from ladsd.records import ContinuationId, HistoryNotice, LeaseKind, LeaseRecord, LeaseStatus
 
 Native = Callable[[], Iterable[Iterable[KVCacheBlock]]]
 
@@ -70,7 +73,9 @@ class Lease:
                 return False
         return True
 
-    def record(self, exclusive: int, generation: int) -> LeaseRecord:
+    def record(
+        self, exclusive: int, generation: int, kind: LeaseKind = LeaseKind.LADS
+    ) -> LeaseRecord:
         """The published record (spec 3.4) as of budget ``generation``."""
         return LeaseRecord(
             cid=self.cid,
@@ -83,15 +88,24 @@ class Lease:
             generation=generation,
             status=self.status,
             committed_before_grant=self.committed_before_grant,
+            kind=kind,
         )
 
 
 class LeaseTable:
-    """Active leases and their references on one pool (see the module contract)."""
+    """Active leases (or pins) and their references on one pool (see the module contract)."""
 
-    def __init__(self, kv: KVCacheManager, now: float, native_extra: Native = lambda: ()) -> None:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        now: float,
+        native_extra: Native = lambda: (),
+        kind: LeaseKind = LeaseKind.LADS,
+    ) -> None:
         self.kv = kv
+        self.kind = kind
         self.pool = LeaseBlockPool.adopt(kv.block_pool)
+        self.ledger = self.pool.ledgers[kind]
         for m in kv.coordinator.single_type_managers:
             if m.block_pool is not self.pool:
                 raise NotImplementedError("leases need one shared block pool for all groups")
@@ -104,8 +118,8 @@ class LeaseTable:
 
     @property
     def used(self) -> int:
-        """``U``: distinct blocks protected by at least one lease."""
-        return self.pool.num_leased_blocks
+        """Distinct blocks held by at least one of this table's leases (LADS: ``U``)."""
+        return len(self.ledger.refs)
 
     def ordered(self) -> list[Lease]:
         """Active leases in grant (FIFO) order."""
@@ -140,7 +154,7 @@ class LeaseTable:
                 slots.append((g, pos))
                 hashes.append(b.block_hash)
         self.integrate(now)
-        self.pool.lease_touch(blocks)
+        self.pool.lease_touch(blocks, self.kind)
         for b in blocks:
             self.holders.setdefault(b.block_id, set()).add(cid)
         lease = Lease(
@@ -157,14 +171,14 @@ class LeaseTable:
         del self.leases[lease.cid]
         for b in lease.blocks:
             self._unhold(b.block_id, lease.cid)
-        self.pool.lease_free(lease.blocks)
+        self.pool.lease_free(lease.blocks, self.kind)
         lease.blocks = []
         lease.status = status
         return True
 
     def stripped(self) -> Iterator[Lease]:
         """Leases holding a block whose hash was stripped since the last call."""
-        for bid in self.pool.take_stripped():
+        for bid in self.pool.take_stripped(self.kind):
             for cid in list(self.holders.get(bid, ())):
                 if (lease := self.leases.get(cid)) is not None:
                     yield lease
@@ -188,7 +202,7 @@ class LeaseTable:
             return None
         dropped = [b for b, ok in zip(lease.blocks, keep, strict=True) if not ok]
         self.integrate(now)
-        self.pool.lease_free(dropped)
+        self.pool.lease_free(dropped, self.kind)
         for b in dropped:
             self._unhold(b.block_id, lease.cid)
         lease.blocks = [b for b, ok in zip(lease.blocks, keep, strict=True) if ok]
@@ -211,37 +225,44 @@ class LeaseTable:
 
     def delta(self, blocks: Iterable[KVCacheBlock]) -> int:
         """``Delta_i``: blocks no lease protects yet (each raises ``U`` by one)."""
-        return sum(1 for b in blocks if self.pool.lease_ref(b.block_id) == 0)
+        return sum(1 for b in blocks if self.pool.lease_ref(b.block_id, self.kind) == 0)
 
     def exclusive(self, lease: Lease) -> int:
         """``|E_i|``: blocks of the lease protected by no other lease."""
-        return sum(1 for b in lease.blocks if self.pool.lease_ref(b.block_id) == 1)
+        return sum(1 for b in lease.blocks if self.pool.lease_ref(b.block_id, self.kind) == 1)
 
     def gain(self, lease: Lease) -> int:
         """Free blocks a release would return now: held by this lease and nothing else."""
         return sum(
-            1 for b in lease.blocks if b.ref_cnt == 1 and self.pool.lease_ref(b.block_id) == 1
+            1
+            for b in lease.blocks
+            if b.ref_cnt == 1 and self.pool.lease_ref(b.block_id, self.kind) == 1
         )
 
     def integrate(self, now: float) -> float:
-        """Protection block-seconds up to ``now``: the time integral of ``U``."""
+        """Protection block-seconds up to ``now``: the time integral of :attr:`used`."""
         if now > self._u_t:
             self._u_area += self.used * (now - self._u_t)
         self._u_t = max(self._u_t, now)
         return self._u_area
 
     def held(self) -> int:
-        """Lease references held right now."""
-        return sum(self.pool.lease_refs.values())
+        """This table's references held right now."""
+        return sum(self.ledger.refs.values())
 
     def sizes(self) -> dict[str, int]:
         return {"leases": len(self.leases), "holders": len(self.holders)}
 
     # -- integrity -------------------------------------------------------------
 
-    def check_integrity(self) -> None:
-        """Raise :class:`LeaseIntegrityError` unless every count agrees (see contract)."""
-        check_pool(self.pool, native_refs(self.kv.coordinator, self.pool, self.native_extra()))
+    def check_integrity(self, with_pool: bool = True) -> None:
+        """Raise :class:`LeaseIntegrityError` unless every count agrees (see contract).
+
+        ``with_pool=False`` skips the whole-pool check (a second table on the
+        same pool, after the first one ran it).
+        """
+        if with_pool:
+            check_pool(self.pool, native_refs(self.kv.coordinator, self.pool, self.native_extra()))
         held: Counter[int] = Counter()
         holders: dict[int, set[ContinuationId]] = {}
         for cid, x in self.leases.items():
@@ -254,20 +275,21 @@ class LeaseTable:
             for b, h in zip(x.blocks, x.hashes, strict=True):
                 held[b.block_id] += 1
                 holders.setdefault(b.block_id, set()).add(cid)
-                if b.block_hash != h and b.block_id not in self.pool._stripped:
+                if b.block_hash != h and b.block_id not in self.ledger.stripped:
                     raise LeaseIntegrityError(f"lease {x.cid.key()}: block {b.block_id} rehashed")
-        if held != Counter(self.pool.lease_refs):
-            raise LeaseIntegrityError("lease ledger disagrees with the leases' blocks")
+        if held != Counter(self.ledger.refs):
+            raise LeaseIntegrityError(f"{self.kind.value} ledger disagrees with its leases' blocks")
         if holders != self.holders:
             bad = sorted(set(holders) ^ set(self.holders))[:8]
             raise LeaseIntegrityError(f"holder index disagrees with the leases (blocks {bad})")
 
     def balance(self) -> int:
-        """References added == released + held (run after :meth:`check_integrity`); held."""
+        """This ledger's references added == released + held (after :meth:`check_integrity`)."""
         held = self.held()
-        if self.pool.refs_added != self.pool.refs_released + held:
+        led = self.ledger
+        if led.added != led.released + held:
             raise LeaseIntegrityError(
-                f"references added {self.pool.refs_added} != released "
-                f"{self.pool.refs_released} + held {held}"
+                f"{self.kind.value} references added {led.added} != released "
+                f"{led.released} + held {held}"
             )
         return held

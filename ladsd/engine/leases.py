@@ -75,11 +75,15 @@ class LeaseMixin:
         *,
         retention: Retention = Retention.LADS,
     ) -> None:
-        """Start leasing (once, after EngineCore init; ``kappa`` is measured and frozen)."""
+        """Start leasing (once, after EngineCore init; ``kappa`` is measured and frozen).
+
+        ``retention`` (:class:`~ladsd.modes.Retention`): LADS and NONE differ
+        only by ``cfg.enabled``; TTL_PIN pins every notice at readiness
+        (:mod:`ladsd.engine.pins`); SESSION orders the free queue by HEAR's
+        ``r`` (:mod:`ladsd.engine.session`).
+        """
         if self._lease_book is not None:
             raise RuntimeError("lease_setup() was already called")
-        if retention not in (Retention.LADS, Retention.NONE):
-            raise NotImplementedError(f"retention {retention.value!r} is not built yet")
         self._lease_book = LeaseBook(
             self.kv_cache_manager,
             cfg,
@@ -90,6 +94,7 @@ class LeaseMixin:
             hash_algo=self.cache_config.prefix_caching_hash_algo,
             native_extra=self._lease_native_extra,
             waiting=lambda: self.waiting,  # vLLM's admission queue: its pending allocation
+            retention=Retention(retention),
         )
 
     @property
@@ -103,6 +108,10 @@ class LeaseMixin:
     def lease_notice(self, n: HistoryNotice) -> None:
         """Result ready: compute ``P_i``, evaluate the budget, FIFO grant before the sender."""
         self.lease_book.notice(n)
+
+    def lease_preserve(self, cid: ContinuationId, ttl_s: float) -> bool:
+        """AugServe's Preserve: pin ``cid``'s ``P_i`` outside the budget for ``min(ttl_s, l)``."""
+        return self.lease_book.preserve(cid, ttl_s)
 
     def lease_require(self, n: HistoryNotice) -> str | None:
         """Retention as a requirement: grant now within ``B`` and ``H``, or say why not."""
@@ -136,11 +145,11 @@ class LeaseMixin:
         return self.lease_book.audit()
 
     def lease_release_all(self) -> None:
-        """End of run: release every lease."""
+        """End of run: release every lease and pin."""
         self.lease_book.release_all()
 
     def check_integrity(self) -> None:
-        """Every block's ``ref_cnt`` == native holders + lease references, or raise."""
+        """Every block's ``ref_cnt`` == native holders + lease and pin references, or raise."""
         if self._lease_book is not None:
             self._lease_book.check()
             return
@@ -174,7 +183,7 @@ class LeaseMixin:
     def reset_prefix_cache(
         self, reset_running_requests: bool = False, reset_connector: bool = False
     ) -> bool:
-        """Drop every lease first when the reset can succeed (a held lease would fail it)."""
+        """Drop every lease and pin first when the reset can succeed (one held would fail it)."""
         book = self._lease_book
         if book is not None and (reset_running_requests or self._lease_only_holders()):
             book.drop_all("reset_drops")
@@ -183,9 +192,9 @@ class LeaseMixin:
         )
 
     def _lease_only_holders(self) -> bool:
-        """No request holds a block: vLLM's reset fails only because of leases."""
+        """No request holds a block: vLLM's reset fails only because of leases and pins."""
         pool = self.kv_cache_manager.block_pool
-        return all(b.ref_cnt == pool.lease_ref(b.block_id) for b in pool.blocks if not b.is_null)
+        return all(b.ref_cnt == pool.held_refs(b.block_id) for b in pool.blocks if not b.is_null)
 
     def _lease_load(self) -> tuple[int, int, int]:
         running, waiting = self.get_request_counts()  # type: ignore[attr-defined]

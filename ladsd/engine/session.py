@@ -1,0 +1,219 @@
+"""HEAR session-aware retention: the eviction order by ``r = p * exp(-idle / 400 s)``.
+
+Contract (mini-sglang style; peers.md section 2):
+
+* No references. Retention acts on the order of vLLM's free queue only
+  (``FreeKVCacheBlockQueue``: vLLM evicts from its front); ``ref_cnt`` is
+  never written, nothing is pinned, a session's blocks stay evictable.
+* Sessions. A *live waiting session* is a workflow whose continuation was
+  noticed (its result is ready, ``HistoryNotice``) and whose resumed request
+  has not been allocated yet. It enters at the notice (readiness, the moment
+  the harness describes the history, as for LADS and ttl-pin; ours) with the
+  blocks of its resident prefix ``P_i`` and leaves when its bound request is
+  scheduled (allocated), when it is cancelled or superseded, when its
+  candidate is dropped before any request was bound to it, or at the end of
+  the run. At most one entry per workflow: a newer notice replaces it.
+* Priority. ``p`` is the notice's ``continuation_p`` (the harness's estimate
+  from completed sessions; :data:`P_PRIOR` when absent); ``idle`` is the time
+  since the session's last request ended, engine-side: the earliest free stamp
+  of ``P_i``'s free blocks (every block of the history was freed when that
+  request ended; a block freed later was shared with another request).
+  The order of two sessions never changes with time (both ``idle`` grow
+  alike), so it changes only when a session enters or leaves.
+* Order (front = evicted first): blocks of no live waiting session keep
+  vLLM's own order (LRU, hashless blocks first) ahead of every session block;
+  then sessions by ascending ``r`` (ties: identity); within a session its tail
+  before its head, as vLLM frees a request. A block of several sessions'
+  prefixes goes with the highest ``r``. Only the prefix up to the first block
+  whose hash changed counts (a hit stops at the first miss).
+* When (ours): :meth:`Sessions.reorder` runs at ``schedule()`` entry, before
+  vLLM allocates (every eviction happens inside ``schedule()``), and only if a
+  session entered or left or a block was freed since the last reorder (frees
+  join the tail of the queue, behind the sessions). Frees inside a step
+  (preemption) join the tail until the next step. Cost: O(S log S) for the S
+  free session blocks, on such steps only.
+* Callers: only :class:`~ladsd.engine.lease_book.LeaseBook`, on the engine
+  thread; nothing locks. Memory: bounded by the live workflows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
+
+from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
+from ladsd.records import ContinuationId
+
+SESSION_TAU_S = 400.0  # HEAR's idle decay constant
+P_PRIOR = 0.5  # (ours) p of a notice that carries none: no information either way
+
+
+def retention_priority(p: float, idle: float, tau: float = SESSION_TAU_S) -> float:
+    """HEAR's ``r = p * exp(-idle / tau)``; the lowest ``r`` is evicted first."""
+    if not 0.0 <= p <= 1.0 or tau <= 0:
+        raise ValueError(f"bad retention priority inputs: p {p}, tau {tau}")
+    return p * math.exp(-max(0.0, idle) / tau)
+
+
+@dataclass
+class Session:
+    """One live waiting session: its prefix blocks, ``p`` and when it went idle."""
+
+    cid: ContinuationId
+    p: float
+    ended_at: float  # its last request ended (engine-side free stamps)
+    blocks: list[KVCacheBlock]  # P_i at the notice, prefix order per group
+    hashes: list[BlockHashWithGroupId]
+    spans: list[tuple[int, int]]  # (first token, end token) of each block in the history
+    reqs: list[str] = field(default_factory=list)  # requests registered for it
+
+    def r(self, now: float) -> float:
+        return retention_priority(self.p, now - self.ended_at)
+
+    def valid(self) -> list[tuple[KVCacheBlock, int]]:
+        """(block, end token) of the prefix up to the first block whose hash changed."""
+        broken = [
+            start
+            for b, h, (start, _) in zip(self.blocks, self.hashes, self.spans, strict=True)
+            if b.block_hash != h
+        ]
+        limit = min(broken, default=math.inf)
+        return [
+            (b, end) for b, (_, end) in zip(self.blocks, self.spans, strict=True) if end <= limit
+        ]
+
+
+class Sessions:
+    """Live waiting sessions and the free-queue order they impose (see the contract)."""
+
+    def __init__(self, pool: LeaseBlockPool, block_sizes: Sequence[int]) -> None:
+        self.pool = pool
+        self.block_sizes = list(block_sizes)
+        self.entries: dict[str, Session] = {}  # workflow -> its live waiting session
+        self.by_req: dict[str, str] = {}  # request id -> workflow
+        self.version = 0  # bumps when a session enters or leaves
+        self._seen: tuple[int, int] = (-1, -1)  # (version, free epoch) at the last reorder
+
+    def enter(
+        self,
+        cid: ContinuationId,
+        p: float,
+        resident: Sequence[Sequence[KVCacheBlock]],
+        now: float,
+    ) -> Session:
+        """``cid``'s result is ready: its session waits with ``P_i`` = ``resident``."""
+        self._drop(cid.workflow)
+        blocks: list[KVCacheBlock] = []
+        hashes: list[BlockHashWithGroupId] = []
+        spans: list[tuple[int, int]] = []
+        for g, row in enumerate(resident):
+            size = self.block_sizes[g]
+            for pos, b in enumerate(row):
+                if b.is_null:
+                    continue
+                assert b.block_hash is not None, "a cache hit without a hash"
+                blocks.append(b)
+                hashes.append(b.block_hash)
+                spans.append((pos * size, (pos + 1) * size))
+        stamps = [self.pool.freed_at.get(b.block_id) for b in blocks if b.ref_cnt == 0]
+        ended = min((t for t in stamps if t is not None), default=now)
+        retention_priority(p, 0.0)  # validates p
+        s = Session(cid, p, min(ended, now), blocks, hashes, spans)
+        self.entries[cid.workflow] = s
+        self.version += 1
+        return s
+
+    def bind(self, cid: ContinuationId, req_id: str) -> bool:
+        s = self.entries.get(cid.workflow)
+        if s is None or s.cid != cid:
+            return False
+        s.reqs.append(req_id)
+        self.by_req[req_id] = cid.workflow
+        return True
+
+    def end(self, cid: ContinuationId) -> bool:
+        """Cancelled or superseded: ``cid``'s session leaves the order."""
+        s = self.entries.get(cid.workflow)
+        if s is None or s.cid != cid:
+            return False
+        self._drop(cid.workflow)
+        return True
+
+    def end_unbound(self, cid: ContinuationId) -> bool:
+        """``cid`` stopped being a candidate with no request bound: it leaves."""
+        s = self.entries.get(cid.workflow)
+        return s is not None and s.cid == cid and not s.reqs and self.end(cid)
+
+    def allocated(self, req_id: str) -> bool:
+        """``req_id`` was scheduled: its session's blocks are referenced now; it leaves."""
+        w = self.by_req.get(req_id)
+        if w is None:
+            return False
+        self._drop(w)
+        return True
+
+    def clear(self) -> None:
+        for w in list(self.entries):
+            self._drop(w)
+
+    def _drop(self, workflow: str) -> None:
+        s = self.entries.pop(workflow, None)
+        if s is None:
+            return
+        for req_id in s.reqs:
+            if self.by_req.get(req_id) == workflow:
+                del self.by_req[req_id]
+        self.version += 1
+
+    # -- the order -------------------------------------------------------------
+
+    def order(self, now: float) -> list[KVCacheBlock]:
+        """The free session blocks in eviction order (front first; see the contract)."""
+        keyed: dict[int, tuple[tuple[float, ContinuationId, int], KVCacheBlock]] = {}
+        ranked = sorted(self.entries.values(), key=lambda s: (s.r(now), s.cid))
+        for s in ranked:  # a shared block ends with the highest r (the last writer)
+            r = s.r(now)
+            for b, end in s.valid():
+                if b.ref_cnt == 0:
+                    keyed[b.block_id] = ((r, s.cid, -end), b)
+        return [b for _, b in sorted(keyed.values(), key=lambda e: e[0])]
+
+    def reorder(self, now: float) -> bool:
+        """Move the free session blocks behind every other free block, in order.
+
+        Runs only if a session entered or left, or a block was freed, since the
+        last reorder; True if it ran.
+        """
+        seen = (self.version, self.pool.free_epoch)
+        if seen == self._seen:
+            return False
+        blocks = self.order(now)
+        q = self.pool.free_block_queue
+        for b in blocks:
+            q.remove(b)
+        q.append_n(blocks)
+        self._seen = seen
+        return True
+
+    # -- integrity ---------------------------------------------------------------
+
+    def sizes(self) -> dict[str, int]:
+        return {"sessions": len(self.entries), "session_reqs": len(self.by_req)}
+
+    def check_integrity(self) -> None:
+        """Raise :class:`LeaseIntegrityError` unless entries and bindings agree."""
+        for w, s in self.entries.items():
+            if s.cid.workflow != w or not 0.0 <= s.p <= 1.0:
+                raise LeaseIntegrityError(f"session {s.cid.key()} filed as {w} (p {s.p})")
+            if not len(s.blocks) == len(s.hashes) == len(s.spans):
+                raise LeaseIntegrityError(f"session {s.cid.key()}: blocks, hashes, spans differ")
+            for req_id in s.reqs:
+                if self.by_req.get(req_id) != w:
+                    raise LeaseIntegrityError(f"session {s.cid.key()}: request {req_id} unbound")
+        for req_id, w in self.by_req.items():
+            s = self.entries.get(w)
+            if s is None or req_id not in s.reqs:
+                raise LeaseIntegrityError(f"request {req_id} bound to no session of {w}")
