@@ -176,7 +176,7 @@ def replay(
     json_out: Path = typer.Option(None, "--json", help="Write the run records (JSON list)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
-    """Replay a workload under one delivery policy; print a summary table."""
+    """Replay a workload under one policy (on an engine policy); print a summary table."""
     names = parse_policies(policy, parse_engine(engine_policy))
     if len(names) != 1:
         raise typer.BadParameter(f"give one policy, got {policy!r}")
