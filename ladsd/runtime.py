@@ -25,6 +25,7 @@ import orjson
 from ladsd import clock
 from ladsd.clock import Stamps
 from ladsd.config import LinkConfig, Profile
+from ladsd.continuation import ContinuationEstimate
 from ladsd.delivery import make_policy
 from ladsd.delivery.policy import Policy
 from ladsd.engine.thread import Completion, EngineThread
@@ -98,6 +99,7 @@ class Runtime:
         self._waiting: dict[ContinuationId, _Waiting] = {}
         self._batch: list[tuple[HistoryNotice, Any, asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
+        self.continuation = ContinuationEstimate()  # p for HEAR, from completed workflows
 
     async def start(self) -> Runtime:
         self.engine.on_state = self._on_state
@@ -154,6 +156,7 @@ class Runtime:
             payload_digest=prep.item.payload_digest,
             ready_time=r,
             payload_bytes=prep.item.payload_bytes,
+            continuation_p=self.continuation.p(cid.turn),  # calls 0 .. turn-1 are done
         )
         try:
             ticket = await self._offer(notice, prep)
@@ -216,6 +219,15 @@ class Runtime:
 
         self._tasks.add(t := asyncio.ensure_future(go()))
         t.add_done_callback(self._tasks.discard)
+
+    def end_workflow(self, workflow: str, calls: int) -> None:
+        """``workflow`` completed after ``calls`` model calls (cold call included).
+
+        The harness's only source for the continuation probability: call it
+        once per workflow that completed (never for a failed or cancelled one).
+        """
+        self.continuation.end(calls)
+        log.debug("workflow %s completed after %d calls", workflow, calls)
 
     def cancel(self, cid: ContinuationId) -> None:
         self.sender.cancel(cid)
