@@ -43,6 +43,7 @@ from ladsd.modes import EnginePolicy, Retention
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 
 log = logging.getLogger("ladsd.engine")
+KAPPA_TOKENS = 512  # kappa is the wall time of one prefill step of this many tokens
 Prompt = str | Sequence[int] | Sequence[dict]
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
@@ -432,7 +433,9 @@ class EngineThread:
         from vllm import SamplingParams
         from vllm.inputs.engine import tokens_input
 
-        n = min(self.cfg.max_num_batched_tokens, self.cfg.max_model_len - 1)
+        # Always a 512-token step (the spec's kappa), also on an engine built
+        # with a larger step budget (AugServe's ceiling), so dilation compares.
+        n = min(KAPPA_TOKENS, self.cfg.max_num_batched_tokens, self.cfg.max_model_len - 1)
         dt = 0.0
         for salt in (1, 2):
             ids = [(7919 * i + 104729 * salt) % 30000 + 100 for i in range(n)]
