@@ -191,16 +191,35 @@ def test_runs_without_peers_have_no_peer_tables() -> None:
     assert [r.policy for r in table.compare(runs).rows] == ["fifo", "lads", "augserve", "ttl-pin"]
 
 
+# ---------------------------------------------------------------- serve
+
+
+def test_serve_reports_only_idle_sessions_with_calls_as_completed_workflows() -> None:
+    from ladsd.serve.daemon import completed
+    from ladsd.serve.sessions import Session
+
+    s = Session("a", 1, created=0.0, last_used=0.0, turn=3)
+    assert completed(s, draining=False)
+    assert not completed(s, draining=True)  # ended by the shutdown
+    assert not completed(dataclasses.replace(s, busy=True), draining=False)  # client went away
+    assert not completed(dataclasses.replace(s, turn=0), draining=False)  # never called
+
+
 # ---------------------------------------------------------------- one run end to end
 
 
 @pytest.mark.engine
 def test_replay_a_peer_through_the_cli_ends_with_a_balanced_audit(tmp_path, model_ready) -> None:
+    """One run: ttl-pin delivery on the augserve engine policy, option to engine."""
     path = tmp_path / "runs.json"
-    res = invoke("replay", "--profile", "smoke", "--policy", "hear-guard", "--json", str(path))
+    args = ("replay", "--profile", "smoke", "--policy", "ttl-pin", "--engine-policy", "augserve")
+    res = invoke(*args, "--json", str(path))
     assert res.exit_code == 0, res.output
-    assert "audit ok" in res.output
+    assert "augserve+ttl-pin seed 1" in res.output and "audit ok" in res.output
     (rec,) = [events.from_dict(d) for d in orjson.loads(path.read_bytes())]
-    assert rec.policy == "hear-guard"
-    assert (rec.meta["delivery_policy"], rec.meta["engine_policy"]) == ("hear-guard", "vllm")
-    summary.audit(rec)
+    assert rec.policy == "augserve+ttl-pin"
+    assert (rec.meta["delivery_policy"], rec.meta["engine_policy"]) == ("ttl-pin", "augserve")
+    assert rec.counters["augserve_steps"] > 0  # the AugServe scheduler ran the engine
+    assert rec.counters["pins"] > 0  # ttl-pin pinned the waiting histories ...
+    assert rec.counters["refs_added"] > 0
+    summary.audit(rec)  # ... and every reference, pins included, was released

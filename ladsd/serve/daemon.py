@@ -66,6 +66,16 @@ def _catalog() -> Catalog | None:
         return None
 
 
+def completed(s: Session, draining: bool) -> bool:
+    """A session that ends idle, after at least one call, outside the shutdown drain (ours).
+
+    The daemon's harness report of a completed workflow: ended by DELETE, idle
+    expiry or LRU eviction between requests. A session ended with a request in
+    flight (a client that went away) or by the shutdown is not one.
+    """
+    return s.turn > 0 and not s.busy and not draining
+
+
 class Daemon:
     """The daemon of one delivery ``policy`` on one ``engine_policy`` (``--engine-policy``)."""
 
@@ -208,6 +218,8 @@ class Daemon:
     def _release(self, s: Session) -> None:
         for cid in s.held():
             self.cancel(cid)
+        if self.rt is not None and completed(s, self.draining):
+            self.rt.end_workflow(s.id, s.turn)  # HEAR's continuation estimate learns it
         self.events.publish("session_end", s.id, turns=s.turn)
 
     async def _close_streams(self, _: web.Application) -> None:

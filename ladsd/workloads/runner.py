@@ -168,6 +168,7 @@ async def _run(
         finally:
             if w.cohort is not None:
                 cohorts.leave(w.cohort)
+        rt.end_workflow(w.wid, len(calls))  # completed: HEAR's continuation estimate learns it
         done += 1
         if progress:
             progress(w.wid, done, total)
