@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 from array import array
 from asyncio import FIRST_COMPLETED
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -28,6 +29,7 @@ from ladsd.config import LinkConfig, Profile
 from ladsd.continuation import ContinuationEstimate
 from ladsd.delivery import make_policy
 from ladsd.delivery.policy import Policy
+from ladsd.engine.augserve import AugServeConfig
 from ladsd.engine.thread import Completion, EngineThread
 from ladsd.modes import EnginePolicy
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
@@ -287,14 +289,26 @@ class Runtime:
         return self.sender.decision_s + self.engine.command_cpu_s
 
 
-def engine_for(profile: Profile, policy: str) -> Profile:
-    """The profile a policy runs with: infinite-cache gets a pool nothing outgrows."""
-    if policy != "infinite-cache":
-        return profile
-    w = profile.workload
-    need = sum(w.history_tokens) * w.n_workflows  # generous: every history at the largest
-    blocks = need // profile.engine.resolved_block_size() * 2
-    return replace(profile, engine=replace(profile.engine, num_gpu_blocks_override=blocks))
+def engine_for(
+    profile: Profile, policy: str, engine_policy: EnginePolicy = EnginePolicy.VLLM
+) -> Profile:
+    """The profile a run uses.
+
+    * ``infinite-cache`` gets a pool nothing outgrows;
+    * the AugServe engine policy gets a step buffer its token budget can fill:
+      ``max_num_batched_tokens >= beta_high * T_max`` (1,024; vLLM's own
+      scheduler keeps the profile's fixed 512).
+    """
+    eng = profile.engine
+    if EnginePolicy(engine_policy) is EnginePolicy.AUGSERVE:
+        aug = AugServeConfig()
+        step = max(eng.max_num_batched_tokens, math.floor(aug.beta_high * aug.t_max))
+        eng = replace(eng, max_num_batched_tokens=step)
+    if policy == "infinite-cache":
+        w = profile.workload
+        need = sum(w.history_tokens) * w.n_workflows  # generous: every history at the largest
+        eng = replace(eng, num_gpu_blocks_override=need // eng.resolved_block_size() * 2)
+    return profile if eng == profile.engine else replace(profile, engine=eng)
 
 
 def dilation(profile: Profile, kappa: float) -> float:
@@ -339,7 +353,7 @@ async def open_runtime(
     died); an unbalanced audit raises ``LeaseIntegrityError``. The replay
     runner, capture's link backend and the daemon use this and nothing else.
     """
-    prof = engine_for(profile, policy)
+    prof = engine_for(profile, policy, engine_policy)
     pol = policy_for(prof, policy)
     lease = replace(prof.lease, enabled=prof.lease.enabled and pol.uses_leases)
     async with EngineThread(

@@ -16,7 +16,7 @@ from ladsd.delivery import hear
 from ladsd.metrics import events, summary, table
 from ladsd.metrics.events import RunRecord
 from ladsd.modes import EnginePolicy
-from ladsd.runtime import policy_for
+from ladsd.runtime import engine_for, policy_for
 from ladsd.workloads import plan
 from tests.test_metrics import run
 
@@ -97,6 +97,19 @@ def test_policy_for_passes_the_profiles_guard() -> None:
     prof = dataclasses.replace(PROFILES["smoke"], peers=PeerConfig(guard_s=3.0))
     assert policy_for(prof, "hear-guard").guard_s == 3.0
     assert policy_for(prof, "lads").name == "lads"  # a policy without a guard ignores it
+
+
+def test_augserve_engine_gets_a_step_buffer_its_budget_can_fill() -> None:
+    prof = PROFILES["cpu"]
+    assert engine_for(prof, "lads") is prof  # vLLM's scheduler: the profile's fixed 512
+    aug = engine_for(prof, "lads", AUG)
+    assert (prof.engine.max_num_batched_tokens, aug.engine.max_num_batched_tokens) == (512, 1024)
+    both = engine_for(prof, "infinite-cache", AUG)
+    assert both.engine.max_num_batched_tokens == 1024
+    assert (
+        both.engine.num_gpu_blocks_override
+        == engine_for(prof, "infinite-cache").engine.num_gpu_blocks_override
+    )
 
 
 # ---------------------------------------------------------------- --peers

@@ -96,7 +96,7 @@ async def run(
     :class:`RunFailed` names the cause.
     """
     delivery, engine_policy = run_parts(policy_name)
-    prof = engine_for(profile, delivery)
+    prof = engine_for(profile, delivery, engine_policy)
     if prof.pool_rule and delivery != "infinite-cache":
         prof = sizing.sized(prof, workload, tool_tokens(prof.engine.model))
     link = prof.link
