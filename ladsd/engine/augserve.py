@@ -5,7 +5,8 @@ per token; a context of ``L`` tokens holds ``mem(L) = ceil(L / b) * b``
 slots), time in seconds, so every waste and space-time cost is in
 slot-seconds. Time comes from ``kappa``, the measured wall time of one prefill
 step of ``n_kappa`` tokens (``EngineThread._kappa``: ``n_kappa =
-min(max_num_batched_tokens, max_model_len - 1)``, 512 on every profile):
+min(512, max_num_batched_tokens, max_model_len - 1)``, 512 on every profile,
+also on the augserve engine's 1,024-token step buffer):
 
 * ``tau_fwd(n) = kappa * n / n_kappa``: forward (prefill) time of ``n`` new
   tokens, linear in ``n`` (ours);

@@ -62,6 +62,7 @@ from ladsd.engine import augserve as aug
 from ladsd.engine.leases import AsyncLeaseScheduler, LeaseScheduler
 from ladsd.engine.pins import pin_ttl
 from ladsd.engine.resident import lookup_hit
+from ladsd.engine.thread import KAPPA_TOKENS
 from ladsd.modes import Retention
 from ladsd.records import ContinuationId, EngineState, HistoryNotice
 
@@ -138,7 +139,9 @@ class AugServeMixin:
         self._aug = AugState(
             cfg=conf,
             kappa=kappa,
-            n_kappa=min(self.scheduler_config.max_num_batched_tokens, self.max_model_len - 1),
+            n_kappa=min(
+                KAPPA_TOKENS, self.scheduler_config.max_num_batched_tokens, self.max_model_len - 1
+            ),  # as EngineThread._kappa times it
             ceiling=self.max_num_scheduled_tokens,
             lifetime_s=cfg.lease_lifetime_s,
             tick_s=cfg.tick_s,
