@@ -54,8 +54,11 @@ MAX_RESULT_BYTES = 64 * 1024 * 1024
 MODES = ("preference", "requirement", "release")
 
 
-def notice(s: Session, tool: str | None) -> HistoryNotice:
-    """The notice of ``s``'s history waiting for ``tool`` (timing from its intent)."""
+def notice(s: Session, tool: str | None, p: float | None = None) -> HistoryNotice:
+    """The notice of ``s``'s history waiting for ``tool`` (timing from its intent).
+
+    ``p``: HEAR's continuation probability of the session, from completed sessions.
+    """
     intent = s.intent_for(tool or ANY_TOOL)
     size = intent.expected_result_bytes if intent is not None else None
     secs = intent.expected_tool_s if intent is not None else None
@@ -67,12 +70,14 @@ def notice(s: Session, tool: str | None) -> HistoryNotice:
         ready_time=clock.now(),
         payload_bytes=DEFAULT_RESULT_BYTES if size is None else size,
         expected_wait_s=secs if secs is not None else DEFAULT_TOOL_S,
+        continuation_p=p,
     )
 
 
 def announce(d: Daemon, s: Session, tool: str) -> None:
     """``s`` ended in a call of ``tool``: its history waits; tell the lease provider."""
-    n = notice(s, tool)
+    p = d.rt.continuation.p(s.turn) if d.rt is not None else None
+    n = notice(s, tool, p)
     s.waiting = n
     # Without leases (e.g. --policy fifo) the notice is still sent, as the replay does,
     # but nothing will ever be granted: say so instead of "announced".
@@ -231,12 +236,15 @@ async def events(request: web.Request) -> web.StreamResponse:
     if not raw.isdigit():
         raise bad("'backlog' must be a non-negative integer", "backlog")
     resp = await open_sse(request)
-    async for ev in d.events.subscribe(sid, int(raw)):
-        if ev is None:
-            await resp.write(b": keep-alive\n\n")
-        else:
-            await resp.write(sse(ev, ev["type"]))
-    await resp.write_eof()
+    try:
+        async for ev in d.events.subscribe(sid, int(raw)):
+            if ev is None:
+                await resp.write(b": keep-alive\n\n")
+            else:
+                await resp.write(sse(ev, ev["type"]))
+        await resp.write_eof()
+    except ConnectionError:  # the reader went away: its subscription ends, nothing to log
+        log.debug("an event reader disconnected")
     return resp
 
 
@@ -246,6 +254,11 @@ EVENT_TYPES = (
     "disconnect",
     "refusal",
     "session_end",
+    # /v1/agents runs: a compact copy of each run's own stream (run id as session id)
+    "agent_status",
+    "agent_tool_result",
+    "agent_step",
+    "agent_done",
 )
 
 
