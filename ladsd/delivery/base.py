@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ladsd.delivery.policy import Pending, SenderView
 from ladsd.modes import Retention
@@ -90,3 +91,32 @@ class BasePolicy:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name} leases={self.uses_leases}>"
+
+
+class Previews:
+    """Choose by a pure ``decide``; keep its decision to judge the commit that follows.
+
+    ``choose`` remembers the decision for ``on_commit`` only (never read by
+    ``choose``), so a preview that is not committed changes nothing.
+    :meth:`take` hands it over once, or None (counted ``unmatched``) when the
+    committed item is not the one previewed.
+    """
+
+    _preview: Any = None
+    counts: Counter[str]
+
+    def decide(self, pending: Sequence[Pending], view: SenderView, now: float) -> Any:
+        raise NotImplementedError
+
+    def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending:
+        d = self.decide(pending, view, now)
+        self._preview = d
+        return d.choice
+
+    def take(self, item: Pending) -> Any:
+        """The decision that chose ``item``, once; None if none did."""
+        d, self._preview = self._preview, None
+        if d is None or d.choice.cid != item.cid:
+            self.counts["unmatched"] += 1
+            return None
+        return d

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ladsd.delivery.base import BasePolicy, need
+from ladsd.delivery.base import BasePolicy, Previews, need
 from ladsd.delivery.policy import Pending, SenderView
 from ladsd.modes import Retention
 from ladsd.records import ContinuationId, EngineState
@@ -104,7 +104,7 @@ class GuardDecision:
     protected: bool  # the choice waited longer than W at decision time
 
 
-class HearGuard(HearCacheAware):
+class HearGuard(Previews, HearCacheAware):
     name = "hear-guard"
 
     def __init__(self, *, guard_s: float = GUARD_S, uses_leases: bool | None = None) -> None:
@@ -112,7 +112,6 @@ class HearGuard(HearCacheAware):
         if not guard_s > 0:
             raise ValueError(f"guard_s must be > 0, got {guard_s}")
         self.guard_s = guard_s
-        self._preview: GuardDecision | None = None
 
     def decide(self, pending: Sequence[Pending], view: SenderView, now: float) -> GuardDecision:
         """One decision as a pure function of its inputs (and ``guard_s``)."""
@@ -121,16 +120,10 @@ class HearGuard(HearCacheAware):
         choice = min(pending, key=lambda it: guard_key(it, resident, bs, now, self.guard_s))
         return GuardDecision(choice, base, is_protected(choice, now, self.guard_s))
 
-    def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending:
-        d = self.decide(pending, view, now)
-        self._preview = d  # remembered for on_commit only; never read by choose
-        return d.choice
-
     def on_commit(self, item: Pending, now: float) -> None:
         super().on_commit(item, now)
-        d, self._preview = self._preview, None
-        if d is None or d.choice.cid != item.cid:
-            self.counts["unmatched"] += 1  # no matching preview: judged at commit time
+        d: GuardDecision | None = self.take(item)
+        if d is None:  # no matching preview: judged at commit time
             self.counts["promotions"] += int(is_protected(item, now, self.guard_s))
             return
         self.counts["promotions"] += int(d.protected)

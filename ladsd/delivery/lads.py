@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ladsd.delivery.base import BasePolicy, StateIndex, need
+from ladsd.delivery.base import BasePolicy, Previews, StateIndex, need
 from ladsd.delivery.cache_first import cache_first, cache_key
 from ladsd.delivery.policy import Pending, SenderView
 from ladsd.records import EngineState, LeaseRecord, LeaseStatus, RecordInvalid, check_record
@@ -159,7 +159,7 @@ def decide(
     return Decision(best, base, OVERRIDE)
 
 
-class Lads(BasePolicy):
+class Lads(Previews, BasePolicy):
     name = "lads"
     uses_leases = True
 
@@ -180,7 +180,6 @@ class Lads(BasePolicy):
         self.max_age_s = max_age_s
         self.override = override
         self.after_promotion = False  # bounded intervention: next commit is Cache-first
-        self._preview: Decision | None = None
 
     def decide(self, pending: Sequence[Pending], view: SenderView, now: float) -> Decision:
         need(pending)
@@ -195,17 +194,10 @@ class Lads(BasePolicy):
             after_promotion=self.after_promotion,
         )
 
-    def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending:
-        d = self.decide(pending, view, now)
-        self._preview = d  # remembered for on_commit only; never read by choose
-        return d.choice
-
     def on_commit(self, item: Pending, now: float) -> None:
         super().on_commit(item, now)
-        d, self._preview = self._preview, None
-        if d is None or d.choice.cid != item.cid:
-            # Committed without a matching preview: cannot be a promotion.
-            self.counts["unmatched"] += 1
+        d: Decision | None = self.take(item)
+        if d is None:  # committed without a matching preview: cannot be a promotion
             self.after_promotion = False
             return
         self.counts[d.reason] += 1
