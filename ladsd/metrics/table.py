@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rich.cells import cell_len
 from rich.console import Console
@@ -70,6 +71,11 @@ class Grid:
     headers: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     keys: int = 1  # leading columns that name a row; repeated in every part of a split table
+
+
+def _latency(r: Any) -> tuple[str, ...]:
+    """The cells every latency row starts with: policy, seeds, mean, P95, makespan."""
+    return (label(r.policy), str(len(r.seeds)), _f(r.mean_s), _f(r.p95_s), _f(r.makespan_s))
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -286,11 +292,7 @@ def comparison_grids(comp: Comparison) -> list[Grid]:
             ("policy", "seeds", "mean s", "P95 s", "makespan s", *extra),
             tuple(
                 (
-                    label(r.policy),
-                    str(len(r.seeds)),
-                    _f(r.mean_s),
-                    _f(r.p95_s),
-                    _f(r.makespan_s),
+                    *_latency(r),
                     *((str(r.repeats), _f(r.spread_pct, 1)) if reps else ()),
                 )
                 for r in comp.rows
@@ -415,11 +417,7 @@ def peer_grids(peer: PeerComparison) -> list[Grid]:
             ("policy", "seeds", "mean s", "P95 s", "makespan s", "cached tok", "preempted"),
             tuple(
                 (
-                    label(r.policy),
-                    str(len(r.seeds)),
-                    _f(r.mean_s),
-                    _f(r.p95_s),
-                    _f(r.makespan_s),
+                    *_latency(r),
                     _f(r.cached_tokens, 0),
                     _n(r.preemptions),
                 )
