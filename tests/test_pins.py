@@ -254,3 +254,29 @@ async def test_ttl_pin_on_the_real_engine(model_ready: None) -> None:
         assert st.counters["pin_handoffs"] == 1 and st.leases == () and st.U == 0
         assert st.counters["revocations"] == 0
         assert audit["refs_added"] == audit["refs_released"] == 10
+
+
+def test_a_pool_held_by_pins_stalls_the_step_and_the_step_says_so() -> None:
+    """Hard pins may hold every free block: vLLM then schedules nothing until one ends.
+
+    The engine thread must see such a step as a stall (it waits instead of
+    spinning and publishing a state per empty step), and runs record how often.
+    """
+    r = pin_rig(num_blocks=64)
+    ha, hb = toks(1, 30), toks(2, 30)
+    r.run(ha)
+    r.run(hb)
+    notice(r, A, ha, expected_wait_s=2.0)  # ttl 2.5 s
+    notice(r, B, hb, expected_wait_s=2.0)
+    assert set(kinds(r)) == {A, B} and r.pool.get_num_free_blocks() == 3
+    req = r.add(toks(3, 10))  # needs 10 blocks; the pins leave 3
+    r.step()
+    r.step()
+    assert r.s.last_scheduled_tokens == 0 and r.s.stalled_steps == 2
+    assert r.s.lease_state().counters["stalled_steps"] == 2
+    r.clk.t = 1002.5  # both pins expire; their blocks become evictable
+    r.s.lease_tick()
+    r.step()
+    assert r.s.last_scheduled_tokens == 10 * BS and r.s.stalled_steps == 2
+    r.until(req.is_finished)
+    balanced(r, 60)

@@ -66,6 +66,7 @@ class LeaseMixin:
     deferred_frees: Any
     waiting: Any
     preemptions: int  # StampMixin
+    stalled_steps: int  # StampMixin
 
     def lease_setup(
         self,
@@ -138,6 +139,7 @@ class LeaseMixin:
         self._lease_seq += 1
         state = self.lease_book.state(self._lease_seq)
         state.counters["preemptions"] = self.preemptions
+        state.counters["stalled_steps"] = self.stalled_steps
         return state
 
     def lease_audit(self) -> dict[str, float]:

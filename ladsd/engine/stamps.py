@@ -5,7 +5,9 @@ allocated; the spec's receipt-to-allocation stage needs that moment, so the
 scheduler records it right after ``schedule()`` succeeds. The engine thread
 takes each stamp when its request finishes or is aborted, so the table holds
 only requests in flight. It also counts vLLM's real preemptions (each one
-that increments ``request.num_preemptions``).
+that increments ``request.num_preemptions``) and the steps that could allocate
+nothing although requests were waiting (``stalled_steps``: e.g. hard pins hold
+every free block).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ class StampMixin:
         super().__init__(*args, **kwargs)
         self.first_alloc: dict[str, float] = {}
         self.preemptions = 0
+        self.last_scheduled_tokens = 0  # of the latest schedule()
+        self.stalled_steps = 0  # schedule() calls with requests but nothing allocatable
 
     def _preempt_request(self, *args: Any, **kwargs: Any) -> None:
         self.preemptions += 1
@@ -29,6 +33,9 @@ class StampMixin:
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        self.last_scheduled_tokens = out.total_num_scheduled_tokens
+        if self.last_scheduled_tokens == 0 and (self.waiting or self.running):  # type: ignore[attr-defined]
+            self.stalled_steps += 1
         t = clock.now()
         for req_id, n in out.num_scheduled_tokens.items():
             if n > 0 and req_id not in self.first_alloc:

@@ -46,6 +46,10 @@ from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInve
 log = logging.getLogger("ladsd.engine")
 KAPPA_TOKENS = 512  # kappa is the wall time of one prefill step of this many tokens
 KAPPA_SAMPLES = 15  # timed steps after the warm-up; kappa is their median (about 0.5 s)
+# A step that scheduled nothing (unfinished requests, none allocatable: e.g. hard pins
+# hold the pool) is retried after this wait, not at once, and publishes no state:
+# spinning published thousands of states a second and starved the event loop.
+STALL_WAIT_S = 0.005
 Prompt = str | Sequence[int] | Sequence[dict]
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
@@ -459,15 +463,19 @@ class EngineThread:
     def _serve(self) -> None:
         tick = self.lease.tick_s
         next_tick = clock.now() + tick
+        stalled = False
         while True:
             busy = self._engine.has_unfinished_requests()
-            wait = 0.0 if busy else max(0.0, next_tick - clock.now())
+            wait = max(0.0, next_tick - clock.now())
+            if busy:
+                wait = min(wait, STALL_WAIT_S) if stalled else 0.0
             stop, changed = self._drain(wait)
             if stop:
                 return
             if self._engine.has_unfinished_requests():
-                self._step()
-                changed = True
+                worked = self._step()
+                stalled = not worked
+                changed = changed or worked
             if clock.now() >= next_tick:
                 self._dispatch(cmd.Tick())
                 next_tick = clock.now() + tick
@@ -560,11 +568,14 @@ class EngineThread:
         self._engine.abort_request([rid])
         self._sched.pop_first_alloc(req.internal_id)
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One engine step; whether it did anything (scheduled tokens or gave outputs)."""
         try:
             outs = self._engine.step()
         except Exception as e:
             raise EngineDead(f"engine step failed: {e!r}") from e
+        if not outs and self._sched.last_scheduled_tokens == 0:
+            return False
         self.steps += 1
         t = clock.now()
         for out in outs:
@@ -577,6 +588,7 @@ class EngineThread:
                 self._emit(out.request_id, _Done(out, Stamps(a=req.a, n=n, f=t)))
             else:
                 self._emit(out.request_id, out)
+        return True
 
     def _die(self, err: BaseException) -> None:
         """Declare the engine dead: fail everything, release leases, keep the audit."""
