@@ -87,3 +87,20 @@ def test_run_inputs_record_the_workload_as_built_not_the_profile_defaults() -> N
     cap = inputs_dict(make("captured", cpu, 2))
     assert cap["cohort_sizes"] == [] and cap["codec"] == "gzip6" and cap["seed"] == 2
     assert cap["rate_bytes_per_s"] == 6000.0
+
+
+def test_captured_scaled_grows_first_prompts_and_keeps_the_paths() -> None:
+    """The scaled variant: first prompts at the profile's sizes, paths and arrivals as recorded."""
+    cpu = PROFILES["cpu"]
+    plain, scaled = make("captured", cpu, 2), make("captured-scaled", cpu, 2)
+    assert scaled.name == "captured-scaled" and plain.name == "captured"
+    assert len(plain.workflows) == len(scaled.workflows) == 16
+    sizes = sorted(len(w.prompt_ids) for w in scaled.workflows)
+    assert sizes == sorted(list(cpu.workload.history_tokens) * 4)
+    for p, s in zip(plain.workflows, scaled.workflows, strict=True):
+        assert s.prompt_ids[-len(p.prompt_ids) :] == p.prompt_ids  # recorded prompt kept at the end
+        assert (s.wid, s.arrival, s.calls) == (p.wid, p.arrival, p.calls)
+    # no two scaled workflows share a first block (the recorded system prompt is behind the padding)
+    assert len({w.prompt_ids[:32] for w in scaled.workflows}) == 16
+    assert make("captured-scaled", cpu, 2) == scaled
+    assert make("captured-scaled", cpu, 3) != scaled

@@ -10,7 +10,7 @@ from ladsd.workloads import captured, controlled, web_burst
 from ladsd.workloads.spec import Workload
 from ladsd.workloads.trace import Trace, load
 
-WORKLOADS = ("controlled", "web-burst", "captured")
+WORKLOADS = ("controlled", "web-burst", "captured", "captured-scaled")
 DEFAULT_TRACE = Path(__file__).resolve().parents[2] / "traces" / "smollm2-16tasks.jsonl"
 
 
@@ -37,4 +37,7 @@ def make(
         tr = limit(tr, *profile.workload.replay_limit)
     if name == "web-burst":
         return web_burst.build(profile.workload, seed, tr, cohort=cohort or 16)
+    if name == "captured-scaled":
+        sizes = profile.workload.history_tokens
+        return captured.build(tr, seed, profile.workload.arrival_spread_s, sizes)
     return captured.build(tr, seed, profile.workload.arrival_spread_s)
