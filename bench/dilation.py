@@ -16,9 +16,13 @@ others, see the README).
 from __future__ import annotations
 
 import argparse
-import json
+import re
 import statistics
+from collections.abc import Callable
 from pathlib import Path
+
+from ladsd.metrics.events import RunRecord, load
+from ladsd.metrics.summary import by_seed, mean_latency, reduction, seed_metric
 
 CORE = ("fifo", "cache-first", "lads", "infinite-cache")
 VERSUS = (
@@ -26,37 +30,34 @@ VERSUS = (
     "infinite-cache", "augserve", "hear-cache-aware", "hear-guard", "hear-session", "ttl-pin",
     "augserve+lads",
 )
+RUN_FILE = re.compile(r"-s\d+(-r\d+)?\.json$")  # run files, not the -table/-peers summaries
+Metric = Callable[[RunRecord], float]
 
 
-def _mean_latency(run: dict) -> float:
-    return statistics.mean(w["termination"] - w["arrival"] for w in run["workflows"])
+def normalised(run: RunRecord) -> float:
+    """Mean latency in calibrated seconds: divided by the run's link dilation."""
+    return mean_latency(run) / float(run.meta["dilation"])
 
 
-def _load(folder: Path, workload: str, policy: str, seed: int, repeat: int) -> dict | None:
-    tail = "" if repeat == 1 else f"-r{repeat}"
-    path = folder / f"{workload}-cpu-{policy}-s{seed}{tail}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+VIEWS: tuple[Metric, ...] = (mean_latency, normalised)
 
 
-def _views(folder: Path, workload: str, policy: str, seed: int) -> tuple[float, float] | None:
-    """(raw, normalised) mean latency over the repeats found for ``policy`` on ``seed``."""
-    runs = [r for k in (1, 2, 3) if (r := _load(folder, workload, policy, seed, k))]
-    if not runs:
-        return None
-    raw = statistics.mean(_mean_latency(r) for r in runs)
-    norm = statistics.mean(_mean_latency(r) / r["meta"]["dilation"] for r in runs)
-    return raw, norm
+def runs_by_policy(folder: Path, tag: str, seeds: int) -> dict[str, dict[int, list[RunRecord]]]:
+    """``{policy: {seed: repeats}}`` of the run files named ``TAG-POLICY-sSEED[-rN].json``."""
+    runs: dict[str, list[RunRecord]] = {}
+    for path in sorted(folder.glob(f"{tag}-*.json")):
+        if RUN_FILE.search(path.name):
+            r = load(path)
+            if r.seed <= seeds:
+                runs.setdefault(r.policy, []).append(r)
+    return {p: by_seed(p, rs) for p, rs in runs.items()}
 
 
-def _pct(base: float, cand: float) -> float:
-    return 100.0 * (base - cand) / base
-
-
-def _row(name: str, raw: list[float], norm: list[float]) -> None:
-    if not raw:
+def _row(name: str, pairs: list[tuple[float, ...]]) -> None:
+    if not pairs:
         return
-    cells = " ".join(f"{x:.1f}/{y:.1f}" for x, y in zip(raw, norm, strict=True))
-    means = f"{statistics.mean(raw):.1f}/{statistics.mean(norm):.1f}"
+    cells = " ".join(f"{x:.1f}/{y:.1f}" for x, y in pairs)
+    means = "/".join(f"{statistics.mean(v):.1f}" for v in zip(*pairs, strict=True))
     print(f"  {name:20s} {cells}   mean {means}")
 
 
@@ -64,31 +65,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path)
     ap.add_argument("--workload", required=True, help="file prefix, e.g. controlled-c8")
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--profile", default="cpu")
+    ap.add_argument("--seeds", type=int, default=5, help="seeds 1..N")
     a = ap.parse_args()
-    seeds = range(1, a.seeds + 1)
+    runs = runs_by_policy(a.folder, f"{a.workload}-{a.profile}", a.seeds)
     print(f"{a.workload}: |repeat 2 - repeat 1| % (raw / normalised by dilation)")
     for p in CORE:
-        raw, norm = [], []
-        for s in seeds:
-            r1, r2 = _load(a.folder, a.workload, p, s, 1), _load(a.folder, a.workload, p, s, 2)
-            if r1 is None or r2 is None:
-                continue
-            l1, l2 = _mean_latency(r1), _mean_latency(r2)
-            d1, d2 = r1["meta"]["dilation"], r2["meta"]["dilation"]
-            raw.append(abs(_pct(l1, l2)))
-            norm.append(abs(_pct(l1 / d1, l2 / d2)))
-        _row(p, raw, norm)
+        pairs = [r for _, r in sorted(runs.get(p, {}).items()) if len(r) >= 2]
+        _row(p, [tuple(abs(reduction(m(r[0]), m(r[1]))) for m in VIEWS) for r in pairs])
     print("LADS reduction vs ... % per seed (raw / normalised)")
+    lads = runs.get("lads", {})
     for p in VERSUS:
-        raw, norm = [], []
-        for s in seeds:
-            lads, base = _views(a.folder, a.workload, "lads", s), _views(a.folder, a.workload, p, s)
-            if lads is None or base is None:
-                continue
-            raw.append(_pct(base[0], lads[0]))
-            norm.append(_pct(base[1], lads[1]))
-        _row(p, raw, norm)
+        base = runs.get(p, {})
+        rows = []
+        for s in sorted(base.keys() & lads.keys()):
+            pair = (reduction(seed_metric(base[s], m), seed_metric(lads[s], m)) for m in VIEWS)
+            rows.append(tuple(pair))
+        _row(p, rows)
 
 
 if __name__ == "__main__":
