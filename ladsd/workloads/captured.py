@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from ladsd.workloads.controlled import history_ids
+from ladsd.workloads.controlled import assign_sizes, history_ids
 from ladsd.workloads.spec import CallSpec, WorkflowSpec, Workload
 from ladsd.workloads.trace import Trace
 
@@ -34,10 +34,7 @@ def build(
     # A separate stream, so both variants of one seed get the same arrivals.
     pad_rng = random.Random(f"captured-scaled/{seed}")
     live = [w for w in trace.workflows if w.calls]
-    sizes: list[int] = []
-    if history_tokens:
-        sizes = [history_tokens[i % len(history_tokens)] for i in range(len(live))]
-    pad_rng.shuffle(sizes)
+    sizes = assign_sizes(history_tokens, len(live), pad_rng) if history_tokens else []
     flows = []
     for i, w in enumerate(live):
         first = tuple(w.calls[0].prompt_ids)

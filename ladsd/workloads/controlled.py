@@ -23,6 +23,13 @@ def history_ids(n: int, rng: random.Random) -> tuple[int, ...]:
     return tuple(rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n))
 
 
+def assign_sizes(history_tokens: Sequence[int], n: int, rng: random.Random) -> list[int]:
+    """The history size of each of ``n`` workflows: the sizes in turn, shuffled by ``rng``."""
+    sizes = [history_tokens[i % len(history_tokens)] for i in range(n)]
+    rng.shuffle(sizes)
+    return sizes
+
+
 def build(
     cfg: WorkloadConfig,
     seed: int,
@@ -36,8 +43,7 @@ def build(
     rng = random.Random(f"controlled/{seed}")
     size = cohort or cfg.cohort
     n = cfg.n_workflows
-    sizes = [cfg.history_tokens[i % len(cfg.history_tokens)] for i in range(n)]
-    rng.shuffle(sizes)
+    sizes = assign_sizes(cfg.history_tokens, n, rng)
     arrivals = sorted(rng.uniform(0.0, cfg.arrival_spread_s) for _ in range(n))
     texts = list(archive)
     rng.shuffle(texts)
