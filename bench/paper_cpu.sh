@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The spec's comparisons on this machine at the `cpu` profile (1/4 token scale):
-#   controlled cohort-8 on 5 seeds, cohort-16 on 3, web-burst on 3, captured on 3;
+#   controlled cohort-8 on 5 seeds, cohort-16 on 3, web-burst on 3, captured on 3,
+#   captured-scaled on 3 at its calibrated pool (CAPTURED_POOL blocks; README, Results);
 #   every policy plus the infinite-cache reference; FIFO, Cache-first, LADS and the
 #   infinite cache twice per seed (their repeats are the A/A noise floor), the
 #   others once; each (seed, repeat) block in a rotated policy order.
 # Resumable: finished runs are read back from OUT (default bench/results/cpu-quarter)
 # after checking that they were made with the same configuration.
-#   bench/paper_cpu.sh [--workload controlled|controlled-c16|web-burst|captured]
+#   bench/paper_cpu.sh [--workload controlled|controlled-c16|web-burst|captured|captured-scaled]
 #                      [--policies a,b] [--seeds 1,2] [--repeats N] [--kv-blocks N]
 #                      [--profile NAME] [--peers]   (OUT=dir to write elsewhere)
 #   --peers adds the neighbouring designs (augserve, hear-*, ttl-pin, augserve+lads;
@@ -46,3 +47,7 @@ compare controlled controlled 1,2,3,4,5 --cohort 8 "${PEERS[@]}"
 compare controlled-c16 controlled 1,2,3 --cohort 16
 compare web-burst web-burst 1,2,3 "${PEERS[@]}"
 compare captured captured 1,2,3 "${PEERS[@]}"
+# The pool rule leaves captured-scaled on the thrash side of a cliff (README, Results):
+# its pool is the seed-1 calibration's unless --kv-blocks says otherwise.
+[ ${#EXTRA[@]} -gt 0 ] || EXTRA=(--kv-blocks "${CAPTURED_POOL:-2300}")
+compare captured-scaled captured-scaled 1,2,3

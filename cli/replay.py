@@ -19,6 +19,7 @@ from ladsd.metrics import events, summary, table
 from ladsd.metrics.events import POLICIES as REPLAY_POLICIES
 from ladsd.modes import EnginePolicy
 from ladsd.workloads import plan as planning
+from ladsd.workloads import sizing
 from ladsd.workloads.factory import WORKLOADS, make
 
 # Heavy modules (vLLM, torch) are imported inside the commands, after the log
@@ -88,10 +89,13 @@ def _profile(name: str, kv_blocks: int | None) -> Profile:
     if name not in PROFILES:
         raise typer.BadParameter(f"unknown profile {name!r}; choose from {', '.join(PROFILES)}")
     prof = PROFILES[name]
-    if kv_blocks:  # an explicit pool replaces the per-workload pool rule
-        engine = replace(prof.engine, num_gpu_blocks_override=kv_blocks)
-        prof = replace(prof, engine=engine, pool_rule=False)
-    return prof
+    if not kv_blocks:
+        return prof
+    # An explicit pool replaces the per-workload pool rule; where the profile sizes
+    # pools by the rule, H stays the rule's fraction of the pool.
+    if prof.pool_rule:
+        return replace(sizing.with_pool(prof, kv_blocks), pool_rule=False)
+    return replace(prof, engine=replace(prof.engine, num_gpu_blocks_override=kv_blocks))
 
 
 def _check_workload(name: str) -> None:

@@ -46,3 +46,14 @@ def test_sized_sets_pool_and_h_only() -> None:
     assert out.engine.num_gpu_blocks_override == sizing.pool_for(1000 + 8 + 6 * 79, 32)[0]
     assert out.lease.headroom_blocks == sizing.pool_for(1000 + 8 + 6 * 79, 32)[1]
     assert out.workload == prof.workload and out.link == prof.link
+
+
+def test_an_explicit_pool_keeps_h_at_the_rules_fraction() -> None:
+    from cli.replay import _profile
+
+    out = _profile("cpu", 3000)
+    assert out.engine.num_gpu_blocks_override == 3000 and not out.pool_rule
+    assert out.lease.headroom_blocks == round(3000 * 2048 / 12315) == 499
+    # A profile without the rule keeps its own H.
+    eighth = _profile("cpu-eighth", 3000)
+    assert eighth.lease.headroom_blocks == PROFILES["cpu-eighth"].lease.headroom_blocks

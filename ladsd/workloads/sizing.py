@@ -48,11 +48,17 @@ def pool_for(mean_final: float, block: int) -> tuple[int, int]:
     return pool, max(1, round(HEADROOM_FRACTION * pool))
 
 
-def sized(profile: Profile, wl: Workload, tokens_of: TokensOf) -> Profile:
-    """``profile`` with its pool and ``H`` set by the rule for ``wl``."""
-    pool, h = pool_for(final_history(wl, tokens_of), profile.engine.resolved_block_size())
+def with_pool(profile: Profile, pool: int) -> Profile:
+    """``profile`` with a ``pool``-block KV pool and ``H`` the rule's fraction of it."""
+    h = max(1, round(HEADROOM_FRACTION * pool))
     return replace(
         profile,
         engine=replace(profile.engine, num_gpu_blocks_override=pool),
         lease=replace(profile.lease, headroom_blocks=h),
     )
+
+
+def sized(profile: Profile, wl: Workload, tokens_of: TokensOf) -> Profile:
+    """``profile`` with its pool and ``H`` set by the rule for ``wl``."""
+    pool, _ = pool_for(final_history(wl, tokens_of), profile.engine.resolved_block_size())
+    return with_pool(profile, pool)
