@@ -11,7 +11,8 @@
 #                      [--policies a,b] [--seeds 1,2] [--repeats N] [--kv-blocks N]
 #                      [--profile NAME] [--peers]   (OUT=dir to write elsewhere)
 #   --peers adds the neighbouring designs (augserve, hear-*, ttl-pin, augserve+lads;
-#   README, Peers) to controlled cohort-8, web-burst and captured (not cohort-16).
+#   README, Peers) to controlled cohort-8, web-burst, captured and captured-scaled
+#   (not cohort-16).
 # The earlier 1/8-scale results re-render (nothing runs) with
 #   OUT=bench/results/cpu-eighth bench/paper_cpu.sh --profile cpu-eighth --repeats 1
 #   (and --workload controlled-c16 --policies fifo,lads,infinite-cache for their c16 row).
@@ -50,4 +51,4 @@ compare captured captured 1,2,3 "${PEERS[@]}"
 # The pool rule leaves captured-scaled on the thrash side of a cliff (README, Results):
 # its pool is the seed-1 calibration's unless --kv-blocks says otherwise.
 [ ${#EXTRA[@]} -gt 0 ] || EXTRA=(--kv-blocks "${CAPTURED_POOL:-2300}")
-compare captured-scaled captured-scaled 1,2,3
+compare captured-scaled captured-scaled 1,2,3 "${PEERS[@]}"
