@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gzip
 
 import orjson
 import pytest
@@ -160,6 +161,12 @@ def test_json_round_trip_is_exact_and_stable(tmp_path) -> None:
     assert events.to_json(back) == data  # stable bytes
     p = events.save(r, tmp_path / "sub" / "run.json")
     assert events.load(p) == r
+    gz = tmp_path / "run.json.gz"
+    gz.write_bytes(gzip.compress(data))
+    assert events.load(gz) == r
+    gz.write_bytes(data)  # named .gz but not compressed
+    with pytest.raises(RecordFormatError, match=r"run\.json\.gz: not a gzip file"):
+        events.load(gz)
 
 
 def _doc() -> dict:

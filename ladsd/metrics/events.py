@@ -10,6 +10,7 @@ of producing wrong figures.
 
 from __future__ import annotations
 
+import gzip
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -150,9 +151,16 @@ def from_json(data: bytes | str) -> RunRecord:
 
 
 def load(path: str | Path) -> RunRecord:
+    """One run file; ``*.gz`` is read through gzip (archived results are kept compressed)."""
     p = Path(path)
     try:
-        return from_json(p.read_bytes())
+        data = p.read_bytes()
+        if p.suffix == ".gz":
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError) as e:
+                raise RecordFormatError(f"not a gzip file: {e}") from e
+        return from_json(data)
     except RecordFormatError as e:
         raise RecordFormatError(f"{p}: {e}") from e
 
