@@ -67,3 +67,60 @@ async def test_a_burst_is_seen_whole_by_the_first_decision(model_ready):
     first_pending, first_known = policy.seen[0]
     assert first_pending == set(burst)  # the whole burst, not the first result alone
     assert first_known == set(burst)  # and the engine had seen every notice before it
+
+
+class SeqWatcher(Fifo):
+    """FIFO that records (state seq before, state seq) of every decision."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seqs: list[tuple[int, int]] = []
+
+    def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending:
+        if view.state is not None:
+            self.seqs.append((view.state_seq_before, view.state.seq))
+        return super().choose(pending, view, now)
+
+
+async def test_a_state_published_before_the_bursts_reply_is_not_undone(model_ready):
+    """The burst's state reply can arrive after a newer published state; the sender keeps the newer.
+
+    The race is forced: the reply is held back until the engine has published
+    a newer state (taken after it), which reaches the runtime first.
+    """
+    policy = SeqWatcher()
+    async with EngineThread(SMOKE.engine, SMOKE.lease) as eng:
+        rt = await Runtime(eng, policy, SMOKE.link).start()
+        ask = eng.state
+        replies: list[int] = []
+
+        async def late_reply(check: bool = True):
+            reply = await ask(check=check)
+            newer = await ask(check=check)  # published after the reply was taken...
+            assert eng.on_state is not None
+            eng.on_state(newer)  # ...and delivered first
+            replies.append(reply.seq)
+            return reply
+
+        eng.state = late_reply  # type: ignore[method-assign]
+        try:
+            prompt = [100 + k for k in range(96)]
+            cold = await rt.cold(prompt, forced(2), cid=ContinuationId("w0", 0))
+            hist = prompt + list(cold.completion.token_ids)
+            await rt.resume(
+                ContinuationId("w0", 1),
+                hist,
+                b"x" * 50,
+                lambda obs: hist + [300 + b % 50 for b in obs[:16]],
+                forced(2),
+                workflow_arrival=clock.now(),
+            )
+            assert (await rt.finish())["refs_added"] == rt.audit["refs_released"]
+        finally:
+            eng.state = ask  # type: ignore[method-assign]
+            await rt.close()
+    assert replies, "the burst asked for a state"
+    assert policy.seqs, "the policy decided"
+    # Every decision saw states in order: no decision read an older state than the last one.
+    assert all(before < seq for before, seq in policy.seqs), policy.seqs
+    assert rt.state is not None and rt.state.seq > replies[-1]

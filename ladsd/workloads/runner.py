@@ -248,6 +248,8 @@ def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: float) -> dict[str, 
     pol = rt.policy.stats()
     out["promotions"] = pol.get("promotions", 0)
     out["fallbacks"] = pol.get("fallback", 0)
+    # Which validity rule each fallback broke (fallback_stale, fallback_duplicate, ...).
+    out.update({k: v for k, v in pol.items() if k.startswith("fallback_")})
     link = rt.sender.stats()
     out["control_bytes"] = rt.control_bytes()
     out["controller_cpu_s"] = rt.controller_cpu_s() - cpu0
