@@ -27,6 +27,7 @@ from ladsd.metrics.summary import by_seed, mean_latency, reduction, seed_metric
 CORE = ("fifo", "cache-first", "lads", "infinite-cache")
 VERSUS = (
     "fifo", "size-first", "tail-release", "cache-first", "cache-first-noleases", "turnover-off",
+    "lads-denial",
     "infinite-cache", "augserve", "hear-cache-aware", "hear-guard", "hear-session", "ttl-pin",
     "augserve+lads",
 )

@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/cpu-quarter}
 PROFILE=cpu
-POLICIES=fifo,size-first,tail-release,cache-first,cache-first-noleases,turnover-off,lads,infinite-cache
+POLICIES=fifo,size-first,tail-release,cache-first,cache-first-noleases,turnover-off,lads,infinite-cache,lads-denial
 ONLY=""
 SEEDS=""
 REPEATS=2

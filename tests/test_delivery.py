@@ -17,6 +17,7 @@ from ladsd.delivery.cache_first import cache_first, cache_key
 from ladsd.delivery.lads import (
     BOUNDED,
     FALLBACK,
+    INACTIVE,
     Lads,
     TurnoverOff,
     decide,
@@ -221,6 +222,27 @@ def test_override_needs_pressure_or_a_fresh_denial(clock: ManualClock) -> None:
 
     _, _, _, zero = motivating(clock, U=0, C=0)  # C == 0: no protection, no override
     assert not override_active(zero, clock(), 0.75, 1.0)
+
+
+def test_lads_denial_overrides_only_after_a_fresh_budget_denial(clock: ManualClock) -> None:
+    # U at the cap (the spec's trigger) but nobody refused by the budget: LADS promotes
+    # B, the lads-denial ablation keeps Cache-first's choice.
+    A, B, C, capped = motivating(clock)
+    assert override_active(capped, clock(), 0.75, 1.0)
+    assert not override_active(capped, clock(), 0.75, 1.0, denial_only=True)
+    assert make_policy("lads").choose([A, B, C], view(capped), clock()) == B
+    only = make_policy("lads-denial")
+    assert only.uses_leases and only.choose([A, B, C], view(capped), clock()) == A
+    only.on_commit(A, clock())
+    assert only.stats()["promotions"] == 0 and only.stats()[INACTIVE] == 1
+    # A fresh denial of C: both promote B, whose handoff returns the quota C needs.
+    deny = DenialEvent(C.cid, clock() - 0.3, generation=7, delta=60, budget=100, used=100)
+    _, _, _, denied = motivating(clock, denials=(deny,))
+    assert make_policy("lads-denial").choose([A, B, C], view(denied), clock()) == B
+    # A stale denial does not count.
+    old = DenialEvent(C.cid, clock() - 1.5, generation=7, delta=60, budget=100, used=100)
+    _, _, _, stale = motivating(clock, denials=(old,))
+    assert make_policy("lads-denial").choose([A, B, C], view(stale), clock()) == A
 
 
 def test_theta_is_honoured(clock: ManualClock) -> None:
@@ -432,6 +454,7 @@ def test_uses_leases_flags() -> None:
         "tail-release": False,
         "turnover-off": True,
         "lads": True,
+        "lads-denial": True,
         "hear-cache-aware": False,
         "hear-guard": False,
         "hear-session": False,

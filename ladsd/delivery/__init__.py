@@ -16,7 +16,7 @@ from ladsd.delivery.base import BasePolicy
 from ladsd.delivery.cache_first import CacheFirst, CacheFirstNoLeases
 from ladsd.delivery.fifo import Fifo
 from ladsd.delivery.hear import HearCacheAware, HearGuard, HearSession
-from ladsd.delivery.lads import Lads, TurnoverOff
+from ladsd.delivery.lads import Lads, LadsDenial, TurnoverOff
 from ladsd.delivery.policy import Pending, Policy, SenderView
 from ladsd.delivery.size_first import SizeFirst
 from ladsd.delivery.tail_release import TailRelease
@@ -32,6 +32,7 @@ POLICIES: dict[str, type[BasePolicy]] = {
         TailRelease,
         TurnoverOff,
         Lads,
+        LadsDenial,  # ablation: override only after a budget denial
         # Neighbouring designs (peers.md): HEAR's ladder and Continuum-style pins.
         HearCacheAware,
         HearGuard,

@@ -60,8 +60,17 @@ def fresh_denial(state: EngineState, now: float, max_age_s: float) -> bool:
     )
 
 
-def override_active(state: EngineState, now: float, theta: float, max_age_s: float) -> bool:
-    """``C > 0 and U >= theta * C``, or a fresh denial of the current generation."""
+def override_active(
+    state: EngineState, now: float, theta: float, max_age_s: float, *, denial_only: bool = False
+) -> bool:
+    """``C > 0 and U >= theta * C``, or a fresh denial of the current generation.
+
+    ``denial_only`` (ours, the ``lads-denial`` ablation): the fresh denial alone. A
+    handoff returns quota (``U``), not free blocks (``F``), so the override can only
+    help a history the *budget* refused, not one the headroom rule refused.
+    """
+    if denial_only:
+        return fresh_denial(state, now, max_age_s)
     return (state.C > 0 and state.U >= theta * state.C) or fresh_denial(state, now, max_age_s)
 
 
@@ -121,6 +130,7 @@ def decide(
     max_age_s: float,
     override: bool,
     after_promotion: bool,
+    denial_only: bool = False,
 ) -> Decision:
     """One LADS decision as a pure function of its inputs."""
     base = cache_first(pending, ix.resident)
@@ -134,7 +144,7 @@ def decide(
     bad = first_invalid(pending, ix, view, now, max_age_s)
     if bad is not None:
         return Decision(base, base, FALLBACK, bad)
-    if not override_active(state, now, theta, max_age_s):
+    if not override_active(state, now, theta, max_age_s, denial_only=denial_only):
         return Decision(base, base, INACTIVE)
     protected = {c for c, r in ix.lease_by_cid.items() if r.status is LeaseStatus.GRANTED}
     # Someone must be able to use the returned quota: an unprotected resident history.
@@ -170,6 +180,7 @@ class Lads(Previews, BasePolicy):
         max_age_s: float = 1.0,
         override: bool = True,
         uses_leases: bool | None = None,
+        denial_only: bool = False,
     ) -> None:
         super().__init__(uses_leases=uses_leases)
         if not 0 < theta <= 1:
@@ -179,6 +190,7 @@ class Lads(Previews, BasePolicy):
         self.theta = theta
         self.max_age_s = max_age_s
         self.override = override
+        self.denial_only = denial_only
         self.after_promotion = False  # bounded intervention: next commit is Cache-first
 
     def decide(self, pending: Sequence[Pending], view: SenderView, now: float) -> Decision:
@@ -192,6 +204,7 @@ class Lads(Previews, BasePolicy):
             max_age_s=self.max_age_s,
             override=self.override,
             after_promotion=self.after_promotion,
+            denial_only=self.denial_only,
         )
 
     def on_commit(self, item: Pending, now: float) -> None:
@@ -220,3 +233,20 @@ class TurnoverOff(Lads):
         self, *, theta: float = 0.75, max_age_s: float = 1.0, uses_leases: bool | None = None
     ) -> None:
         super().__init__(theta=theta, max_age_s=max_age_s, override=False, uses_leases=uses_leases)
+
+
+class LadsDenial(Lads):
+    """LADS whose override acts only after a fresh budget denial (ours; an ablation).
+
+    Same leases, budget, base order and bounded intervention; the spec's
+    ``U >= theta * C`` trigger is dropped (see :func:`override_active`).
+    """
+
+    name = "lads-denial"
+
+    def __init__(
+        self, *, theta: float = 0.75, max_age_s: float = 1.0, uses_leases: bool | None = None
+    ) -> None:
+        super().__init__(
+            theta=theta, max_age_s=max_age_s, uses_leases=uses_leases, denial_only=True
+        )

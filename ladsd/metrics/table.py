@@ -39,7 +39,7 @@ from ladsd.metrics.summary import (
 
 CANDIDATE = "lads"
 BASELINES = ("fifo", "size-first", "tail-release")
-ABLATION = ("cache-first", "cache-first-noleases", "turnover-off")
+ABLATION = ("cache-first", "cache-first-noleases", "turnover-off", "lads-denial")
 REFERENCE = "infinite-cache"
 
 LABELS = {
@@ -50,6 +50,7 @@ LABELS = {
     "cache-first-noleases": "Cache-first (no leases)",
     "turnover-off": "Turnover-off",
     "lads": "LADS",
+    "lads-denial": "LADS, override on denial only",
     "infinite-cache": "Infinite cache (reference)",
     # peers.md: the neighbouring designs on the same engine
     "augserve": "AugServe",
