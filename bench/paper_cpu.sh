@@ -20,7 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/cpu-quarter}
 PROFILE=cpu
-POLICIES=fifo,size-first,tail-release,cache-first,cache-first-noleases,turnover-off,lads,infinite-cache,lads-denial
+EIGHT=fifo,size-first,tail-release,cache-first,cache-first-noleases,turnover-off,lads,infinite-cache
+POLICIES=""
 ONLY=""
 SEEDS=""
 REPEATS=2
@@ -38,6 +39,8 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
+# The earlier 1/8-scale runs had the eight policies; lads-denial (an ablation) came later.
+[ -n "$POLICIES" ] || { [ "$PROFILE" = cpu-eighth ] && POLICIES=$EIGHT || POLICIES=$EIGHT,lads-denial; }
 compare() {  # name workload default-seeds [extra args]
   local name=$1 wl=$2 seeds=${SEEDS:-$3}; shift 3
   [ -z "$ONLY" ] || [ "$ONLY" = "$name" ] || return 0
