@@ -9,7 +9,9 @@ warnings. Commands that run the engine import it inside, within
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 
 import typer
 from rich.console import Console
@@ -202,5 +204,30 @@ app.command()(replay_cmd.replay)
 app.command()(replay_cmd.compare)
 
 
+def main() -> None:
+    """The ``ladsd`` command: run the app, then leave with its exit status.
+
+    Once vLLM is loaded, Python's normal teardown can abort the process after
+    ladsd has reported and closed everything it owns: native threads that
+    vLLM/torch leave behind (e.g. after an engine that failed to start) are
+    destroyed while joinable ("terminate called without an active exception",
+    status 134 about one time in three). So flush and exit with the status the
+    command chose; a command that never loaded vLLM exits normally.
+    """
+    try:
+        app()
+        code = 0
+    except SystemExit as e:
+        if "vllm" not in sys.modules:
+            raise
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    app()
+    main()
