@@ -23,14 +23,10 @@ from pathlib import Path
 
 from ladsd.metrics.events import RunRecord, load
 from ladsd.metrics.summary import by_seed, mean_latency, reduction, seed_metric
+from ladsd.metrics.table import CANDIDATE, LABELS
+from ladsd.workloads.plan import CORE
 
-CORE = ("fifo", "cache-first", "lads", "infinite-cache")
-VERSUS = (
-    "fifo", "size-first", "tail-release", "cache-first", "cache-first-noleases", "turnover-off",
-    "lads-denial",
-    "infinite-cache", "augserve", "hear-cache-aware", "hear-guard", "hear-session", "ttl-pin",
-    "augserve+lads",
-)
+VERSUS = tuple(p for p in LABELS if p != CANDIDATE)  # every policy, in the tables' order
 RUN_FILE = re.compile(r"-s\d+(-r\d+)?\.json$")  # run files, not the -table/-peers summaries
 Metric = Callable[[RunRecord], float]
 
@@ -75,7 +71,7 @@ def main() -> None:
         pairs = [r for _, r in sorted(runs.get(p, {}).items()) if len(r) >= 2]
         _row(p, [tuple(abs(reduction(m(r[0]), m(r[1]))) for m in VIEWS) for r in pairs])
     print("LADS reduction vs ... % per seed (raw / normalised)")
-    lads = runs.get("lads", {})
+    lads = runs.get(CANDIDATE, {})
     for p in VERSUS:
         base = runs.get(p, {})
         rows = []

@@ -45,16 +45,20 @@ def final_history(wl: Workload, tokens_of: TokensOf) -> float:
 def pool_for(mean_final: float, block: int) -> tuple[int, int]:
     """(pool blocks, H blocks) by the rule."""
     pool = math.ceil(HISTORIES_PER_POOL * mean_final / block)
-    return pool, max(1, round(HEADROOM_FRACTION * pool))
+    return pool, headroom_for(pool)
+
+
+def headroom_for(pool: int) -> int:
+    """``H`` of a ``pool``-block pool: the paper's fraction of it."""
+    return max(1, round(HEADROOM_FRACTION * pool))
 
 
 def with_pool(profile: Profile, pool: int) -> Profile:
     """``profile`` with a ``pool``-block KV pool and ``H`` the rule's fraction of it."""
-    h = max(1, round(HEADROOM_FRACTION * pool))
     return replace(
         profile,
         engine=replace(profile.engine, num_gpu_blocks_override=pool),
-        lease=replace(profile.lease, headroom_blocks=h),
+        lease=replace(profile.lease, headroom_blocks=headroom_for(pool)),
     )
 
 
