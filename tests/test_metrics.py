@@ -303,6 +303,22 @@ def test_plots_write_png_files(tmp_path) -> None:
         plots.lease_timeline(empty, tmp_path / "x.png")
 
 
+def test_every_policy_has_its_own_colour_and_lads_is_drawn_on_top() -> None:
+    names = list(table.LABELS)
+    styles = {p: plots.style(p) for p in names}
+    colours = [s["color"] for s in styles.values()]
+    assert len(set(colours)) == len(names)  # no two policies share a colour
+    assert styles["lads"]["zorder"] > max(s["zorder"] for p, s in styles.items() if p != "lads")
+    assert plots.style("some-new-policy")["color"]  # unknown names still get a style
+    runs = _paper_runs()
+    ax = plots.cdf_figure(runs).axes[0]
+    drawn = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert set(drawn) == {table.label(p) for p in runs}
+    assert len({ln.get_color() for ln in drawn.values()}) == len(runs)
+    top = max(drawn.values(), key=lambda ln: ln.get_zorder())
+    assert top.get_label() == table.label("lads")
+
+
 def test_drivers_grid_averages_stages_and_counters_per_policy() -> None:
     runs = {
         "fifo": [run("fifo", 1, [10.0]), run("fifo", 2, [20.0])],
