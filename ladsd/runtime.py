@@ -16,6 +16,7 @@ import logging
 import math
 from array import array
 from asyncio import FIRST_COMPLETED
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -30,7 +31,7 @@ from ladsd.continuation import ContinuationEstimate
 from ladsd.delivery import make_policy
 from ladsd.delivery.policy import Policy
 from ladsd.engine.augserve import AugServeConfig
-from ladsd.engine.thread import Completion, EngineThread
+from ladsd.engine.thread import Completion, EngineThread, Upkeep
 from ladsd.modes import EnginePolicy
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 from ladsd.transport.link import Delivery, Receiver, Rejected, Sender, prepare
@@ -66,11 +67,20 @@ class Timeline:
     """U, B, C, F as published by the engine, at most one sample per ``min_dt``.
 
     Within a window the sample keeps the window's start time and its latest
-    values (run files stay lean: the engine publishes after every step).
+    values (run files stay lean: the engine publishes after every step). A
+    replay keeps every sample for its run file; the daemon keeps the last
+    ``limit`` (it runs for days).
     """
 
-    samples: list[tuple[float, int, int, int, int]] = field(default_factory=list)
     min_dt: float = 0.1
+    limit: int | None = None
+    samples: deque[tuple[float, int, int, int, int]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.samples = deque(maxlen=self.limit)
+
+    def sizes(self) -> dict[str, int]:
+        return {"timeline": len(self.samples)}
 
     def add(self, s: EngineState) -> None:
         if self.samples and s.time - self.samples[-1][0] < self.min_dt:
@@ -87,14 +97,21 @@ class Runtime:
     ``cancel``, ``submit``, ``finish``) and never runs code there.
     """
 
-    def __init__(self, engine: EngineThread, policy: Policy, link: LinkConfig) -> None:
+    def __init__(
+        self,
+        engine: EngineThread,
+        policy: Policy,
+        link: LinkConfig,
+        *,
+        timeline_samples: int | None = None,
+    ) -> None:
         self.engine = engine
         self.policy = policy
         self.link = link
         self.sender = Sender(policy, config=link, on_inventory=self._on_inventory)
         self.receiver = Receiver(self._register, config=link)
         self.state: EngineState | None = None
-        self.timeline = Timeline()
+        self.timeline = Timeline(limit=timeline_samples)
         self.state_bytes = 0  # engine states received (loop thread)
         self.audit: dict[str, float] | None = None
         self.dilation = 1.0  # link rate = profile rate / dilation (see dilation())
@@ -351,24 +368,27 @@ async def open_runtime(
     *,
     link: LinkConfig | None = None,
     engine_policy: EnginePolicy = EnginePolicy.VLLM,
+    upkeep: Upkeep = Upkeep(),
 ) -> AsyncIterator[Runtime]:
     """The one wiring: policy -> lease config -> engine -> runtime -> audit -> close.
 
     Yields a started :class:`Runtime`. On the way out the lease audit always
     runs (after a failure too: a dead engine reports the audit it took when it
     died); an unbalanced audit raises ``LeaseIntegrityError``. The replay
-    runner, capture's link backend and the daemon use this and nothing else.
+    runner, capture's link backend and the daemon use this and nothing else;
+    the daemon passes its :class:`~ladsd.engine.thread.Upkeep` (cached kappa,
+    quiet idle, a bounded timeline), replays the default.
     """
     prof = engine_for(profile, policy, engine_policy)
     pol = policy_for(prof, policy)
     lease = replace(prof.lease, enabled=prof.lease.enabled and pol.uses_leases)
     async with EngineThread(
-        prof.engine, lease, retention=pol.retention, engine_policy=engine_policy
+        prof.engine, lease, retention=pol.retention, engine_policy=engine_policy, upkeep=upkeep
     ) as eng:
         d = dilation(prof, eng.kappa)
         link = link or prof.link
         link = replace(link, rate_bytes_per_s=link.rate_bytes_per_s / d)
-        rt = await Runtime(eng, pol, link).start()
+        rt = await Runtime(eng, pol, link, timeline_samples=upkeep.timeline_samples).start()
         rt.dilation = d
         try:
             yield rt

@@ -334,6 +334,14 @@ class LeaseBook:
         self._evaluate(now, view)
         self._replenish(now, view)
 
+    def quiet(self) -> bool:
+        """Nothing a tick could act on: no candidate, lease or pin is live.
+
+        Then a tick only starts a generation over an empty view; the daemon
+        (quiet idle) skips such ticks once one has run after the last change.
+        """
+        return not (self.cands.pending or self.table.leases or self.pins.pins)
+
     def before_schedule(self) -> None:
         """``schedule()`` entry: expiry, revocation and the session order before vLLM allocates."""
         now = self.clock()

@@ -134,6 +134,10 @@ class LeaseMixin:
         """100 ms tick: expiry, revocation, budget evaluation, replenishment."""
         self.lease_book.tick()
 
+    def lease_quiet(self) -> bool:
+        """No candidate, lease or pin is live: a tick would find nothing to do."""
+        return self.lease_book.quiet()
+
     def lease_state(self) -> EngineState:
         """A fresh frozen snapshot with a new sequence number."""
         self._lease_seq += 1

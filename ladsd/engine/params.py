@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from vllm import SamplingParams
@@ -17,8 +18,13 @@ def sampling(
     json_schema: dict[str, Any] | None = None,
     min_tokens: int = 0,
     ignore_eos: bool = False,
+    knobs: Mapping[str, Any] | None = None,
 ) -> SamplingParams:
-    """SamplingParams; ``json_schema`` constrains the output to compact JSON (xgrammar)."""
+    """SamplingParams; ``json_schema`` constrains the output to compact JSON (xgrammar).
+
+    ``knobs``: more SamplingParams keywords as they are (top_k, min_p, the penalties,
+    logit_bias: :meth:`ladsd.serve.chat.Sampling.knobs`); vLLM checks them.
+    """
     so = None
     if json_schema is not None:
         # Compact JSON: no free whitespace, so outputs are short and token-stable.
@@ -32,6 +38,7 @@ def sampling(
         structured_outputs=so,
         min_tokens=min_tokens,
         ignore_eos=ignore_eos,
+        **(knobs or {}),
     )
 
 

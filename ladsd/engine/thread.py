@@ -12,6 +12,12 @@ Contract:
   state through ``on_state`` (all via ``call_soon_threadsafe``).
 * Step = drain commands -> step engine -> deliver outputs -> lease tick ->
   publish state.
+* Upkeep (:class:`Upkeep`): a replay's engine (the default) ticks every
+  ``tick_s`` and publishes after every command, step and tick, and measures
+  kappa at every start. The daemon's is quiet when idle (no tick while no
+  candidate, lease or pin is live and nothing changed since the last one; no
+  state after a query; the thread sleeps until a command) and reads kappa
+  from a cache (:mod:`ladsd.engine.kappa`).
 * Fail fast: a failed step, a failed lease tick or any other error of this
   thread declares the engine dead (as vLLM itself does on a failed step: a
   step that raised may have registered block hashes for KV it never computed,
@@ -39,7 +45,9 @@ from ladsd import clock
 from ladsd.clock import Stamps
 from ladsd.config import EngineConfig, LeaseConfig, has_cuda
 from ladsd.engine import commands as cmd
+from ladsd.engine import kappa as kappa_cache
 from ladsd.engine import models
+from ladsd.engine.kappa import KappaSource
 from ladsd.modes import EnginePolicy, Retention
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 
@@ -50,6 +58,8 @@ KAPPA_SAMPLES = 15  # timed steps after the warm-up; kappa is their median (abou
 # hold the pool) is retried after this wait, not at once, and publishes no state:
 # spinning published thousands of states a second and starved the event loop.
 STALL_WAIT_S = 0.005
+# Commands that only read: under quiet idle (Upkeep) they publish no state.
+_QUERIES = (cmd.Snapshot, cmd.State, cmd.Resident, cmd.Sizes)
 Prompt = str | Sequence[int] | Sequence[dict]
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
@@ -97,6 +107,39 @@ class _Done:
     stamps: Stamps
 
 
+@dataclass(frozen=True)
+class Upkeep:
+    """How a long-lived engine (the daemon's) runs; the defaults are a replay's, unchanged.
+
+    * ``kappa``: where kappa comes from (:mod:`ladsd.engine.kappa`);
+    * ``quiet_idle``: no tick while no candidate, lease or pin is live and nothing
+      changed since the last tick; no state published after a query (state,
+      sizes, snapshot, resident); an idle thread sleeps until the next command;
+    * ``timeline_samples``: the runtime's lease timeline keeps its last samples
+      only (None: every one, as a replay's run file needs);
+    * ``progress``: told one line per start-up phase (on the engine thread).
+    """
+
+    kappa: KappaSource = KappaSource.MEASURE
+    quiet_idle: bool = False
+    timeline_samples: int | None = None
+    progress: Callable[[str], None] | None = None
+
+
+DAEMON_UPKEEP = Upkeep(KappaSource.CACHE, quiet_idle=True, timeline_samples=1024)
+
+
+@dataclass
+class Activity:
+    """What the engine thread did (tests and bench figures count these, never time)."""
+
+    loops: int = 0  # iterations of the engine loop
+    ticks: int = 0  # lease ticks run
+    published: int = 0  # engine states published
+    kappa_steps: int = 0  # engine steps run to measure kappa (0: not measured)
+    kappa_from: str = ""  # "measured", "cache" or "config" (the lease config's kappa_s)
+
+
 @dataclass
 class _Req:
     """Engine-thread book-keeping of one registered request."""
@@ -106,6 +149,51 @@ class _Req:
 
 
 _END = object()
+
+
+def _final(item: object) -> bool:
+    """The last item of a stream: the result, an error, or the end of an aborted request."""
+    return item is _END or isinstance(item, _Done | BaseException)
+
+
+class StreamQueue:
+    """One request's undelivered outputs (loop thread only): at most two items.
+
+    vLLM's outputs are cumulative, so a newer output replaces an older one the
+    reader has not taken yet (``replaced`` counts them): a reader that stops
+    reading holds the newest output and the final item, however long its
+    request runs. The final item (:func:`_final`) is never replaced or lost;
+    nothing put after it is kept.
+    """
+
+    def __init__(self) -> None:
+        self._newest: object | None = None
+        self._last: object | None = None
+        self._ready = asyncio.Event()
+        self.replaced = 0
+
+    def __len__(self) -> int:
+        return (self._newest is not None) + (self._last is not None)
+
+    def put(self, item: object) -> None:
+        if self._last is not None:
+            return  # the stream has ended
+        if _final(item):
+            self._last = item
+        else:
+            self.replaced += self._newest is not None
+            self._newest = item
+        self._ready.set()
+
+    async def get(self) -> object:
+        """The newest output not taken yet, else the final item (waits for one)."""
+        while self._newest is None and self._last is None:
+            self._ready.clear()
+            await self._ready.wait()
+        if self._newest is not None:
+            item, self._newest = self._newest, None
+            return item
+        return self._last
 
 
 def _in_process() -> None:
@@ -130,8 +218,11 @@ class EngineThread:
         *,
         retention: Retention = Retention.LADS,
         engine_policy: EnginePolicy = EnginePolicy.VLLM,
+        upkeep: Upkeep = Upkeep(),
     ) -> None:
         self.cfg = cfg
+        self.upkeep = upkeep
+        self.activity = Activity()
         self.lease = lease or LeaseConfig()
         self.retention = Retention(retention)
         self.engine_policy = EnginePolicy(engine_policy)
@@ -141,7 +232,7 @@ class EngineThread:
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # orders puts against death (no orphaned command)
         self._error: EngineDead | None = None
-        self._streams: dict[str, asyncio.Queue] = {}  # loop thread only
+        self._streams: dict[str, StreamQueue] = {}  # loop thread only
         self._reqs: dict[str, _Req] = {}  # engine thread only
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -165,7 +256,13 @@ class EngineThread:
         )
         t0 = time.perf_counter()
         self._thread.start()
-        await ready
+        try:
+            await ready
+        except asyncio.CancelledError:
+            # A start given up (a signal while loading): native code cannot be
+            # interrupted, so the thread stops as soon as its engine is built.
+            self._cmds.put((cmd.Stop(), None))
+            raise
         self.startup_s = time.perf_counter() - t0
         return self
 
@@ -229,7 +326,7 @@ class EngineThread:
             # prompt spans steps (CPU generators have no offset): refuse it here.
             raise EngineError("per-request seeds are not supported by vLLM 0.32 on CPU")
         ids = tuple(self.tokens(prompt))
-        self._streams[rid] = asyncio.Queue()
+        self._streams[rid] = StreamQueue()
         try:
             self._put(cmd.Submit(rid, ids, params, clock.now(), cid))
         except EngineDead:
@@ -278,7 +375,7 @@ class EngineThread:
     async def abort(self, request_id: str) -> None:
         q = self._streams.pop(request_id, None)
         if q is not None:
-            q.put_nowait(_END)
+            q.put(_END)
             if self._error is None:
                 self._put(cmd.Abort(request_id))
 
@@ -310,8 +407,13 @@ class EngineThread:
         return await self._ask(cmd.Resident(tuple(token_ids)))
 
     async def sizes(self) -> dict[str, int]:
-        """Entries per table on both sides of the boundary (all 0 when nothing is in flight)."""
-        return {"streams": len(self._streams), **await self._ask(cmd.Sizes())}
+        """Entries per table on both sides of the boundary (all 0 when nothing is in flight).
+
+        ``stream_items``: outputs not taken yet, at most two per stream (:class:`StreamQueue`).
+        """
+        items = sum(len(q) for q in self._streams.values())
+        engine = await self._ask(cmd.Sizes())
+        return {"streams": len(self._streams), "stream_items": items, **engine}
 
     async def finish(self) -> dict[str, float]:
         """Release every lease, check integrity, return the audit (also after death)."""
@@ -357,7 +459,7 @@ class EngineThread:
     def _deliver(self, rid: str, item: object) -> None:  # loop thread
         q = self._streams.get(rid)
         if q is not None:
-            q.put_nowait(item)
+            q.put(item)
 
     # ---- engine thread -----------------------------------------------------
     def _main(self, ready: asyncio.Future) -> None:
@@ -416,6 +518,7 @@ class EngineThread:
             # Compact JSON actions (xgrammar): whitespace off engine-wide.
             structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
         )
+        self._say(f"loading model {cfg.model} ({'dummy weights' if prof.dummy else path})...")
         self._engine = LLMEngine.from_engine_args(args)
         client = self._engine.engine_core
         if not isinstance(client, InprocClient):  # a child process: ladsd cannot step it
@@ -427,66 +530,120 @@ class EngineThread:
         # safe to share across threads.
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         if self._measure_kappa:
-            self.kappa = self._kappa()
+            self.kappa = self._kappa_for(path)
+        elif self.lease.kappa_s is not None:
+            self.activity.kappa_from = "config"
         self._sched.lease_setup(self.lease, self.kappa, clock.now, retention=self.retention)
 
-    def _kappa(self) -> float:
-        """Wall time of one 512-token prefill step, measured once and frozen.
+    def _say(self, line: str) -> None:
+        if self.upkeep.progress is not None:
+            self.upkeep.progress(line)
+
+    def _kappa_for(self, path: Any) -> float:
+        """kappa as the upkeep says: measured at every start (replays) or cached (the daemon)."""
+        source = self.upkeep.kappa
+        if source is KappaSource.MEASURE:
+            return statistics.median(self._kappa())
+        n = self._kappa_tokens()
+        engine = {"model": self.cfg.model, "dtype": self._engine.model_config.dtype}
+        engine |= {"step_tokens": n, "block_size": self.cfg.resolved_block_size()}
+        engine |= {"enforce_eager": self._engine.model_config.enforce_eager}
+        key = kappa_cache.cache_key(engine, path)
+        if source is KappaSource.CACHE:
+            cached = kappa_cache.load(key)
+            if cached is not None:
+                self.activity.kappa_from = "cache"
+                self._say(f"kappa {cached * 1e3:.1f} ms (cached: {kappa_cache.entry_path(key)})")
+                return cached
+        samples = KAPPA_SAMPLES if source is KappaSource.FRESH else kappa_cache.SERVE_SAMPLES
+        self._say(
+            f"measuring kappa: {samples + 1} prefill steps of {n} tokens "
+            "(cached for the next start)..."
+        )
+        times = self._kappa(samples)
+        value = statistics.median(times)
+        kappa_cache.store(key, value, times)
+        return value
+
+    def _kappa_tokens(self) -> int:
+        # Always a 512-token step (the spec's kappa), also on an engine built
+        # with a larger step budget (AugServe's ceiling), so dilation compares.
+        return min(KAPPA_TOKENS, self.cfg.max_num_batched_tokens, self.cfg.max_model_len - 1)
+
+    def _kappa(self, samples: int = KAPPA_SAMPLES) -> list[float]:
+        """Wall times of ``samples`` 512-token prefill steps; kappa is their median.
 
         The first step of a fresh engine pays one-off warm-up costs, so a
-        warm-up request runs first; then :data:`KAPPA_SAMPLES` distinct prompts
-        are timed and the median is kept. One sample let a momentary stall of a
-        shared machine set the run's link dilation (1.58 where its neighbours
-        measured 0.89-1.10); a median of fifteen follows only a stall longer than
-        about a quarter second.
+        warm-up request runs first; then ``samples`` distinct prompts are timed
+        (:data:`KAPPA_SAMPLES` for a replay). One sample let a momentary stall
+        of a shared machine set the run's link dilation (1.58 where its
+        neighbours measured 0.89-1.10); a median of fifteen follows only a stall
+        longer than about a quarter second.
         """
         from vllm import SamplingParams
         from vllm.inputs.engine import tokens_input
 
-        # Always a 512-token step (the spec's kappa), also on an engine built
-        # with a larger step budget (AugServe's ceiling), so dilation compares.
-        n = min(KAPPA_TOKENS, self.cfg.max_num_batched_tokens, self.cfg.max_model_len - 1)
+        n = self._kappa_tokens()
         times = []
-        for salt in range(KAPPA_SAMPLES + 1):  # salt 0 is the warm-up
+        for salt in range(samples + 1):  # salt 0 is the warm-up
             ids = [(7919 * i + 104729 * (salt + 1)) % 30000 + 100 for i in range(n)]
             params = SamplingParams(max_tokens=1)
             rid = self._engine.add_request(f"ladsd-kappa-{salt}", tokens_input(ids), params)
             t0 = time.perf_counter()
             self._engine.step()
             times.append(time.perf_counter() - t0)
+            self.activity.kappa_steps += 1
             while self._engine.has_unfinished_requests():
                 self._engine.step()
             self._sched.pop_first_alloc(rid)
         self._sched.reset_prefix_cache()
-        return statistics.median(times[1:])
+        self.activity.kappa_from = "measured"
+        return times[1:]
 
     def _serve(self) -> None:
         tick = self.lease.tick_s
         next_tick = clock.now() + tick
         stalled = False
+        quiet = self.upkeep.quiet_idle
+        dirty = True  # (quiet idle) something changed since the last tick
         while True:
+            self.activity.loops += 1
             busy = self._engine.has_unfinished_requests()
             wait = max(0.0, next_tick - clock.now())
             if busy:
                 wait = min(wait, STALL_WAIT_S) if stalled else 0.0
-            stop, changed = self._drain(wait)
+            # Nothing to tick for (quiet idle): sleep until the next command.
+            idle = quiet and not busy and not dirty and self._sched.lease_quiet()
+            stop, changed = self._drain(None if idle else wait)
             if stop:
                 return
+            if idle:
+                next_tick = clock.now() + tick  # the first tick after idle is a period away
             if self._engine.has_unfinished_requests():
                 worked = self._step()
                 stalled = not worked
                 changed = changed or worked
+            dirty = dirty or changed
             if clock.now() >= next_tick:
-                self._dispatch(cmd.Tick())
+                if not quiet or dirty or not self._sched.lease_quiet():
+                    self._dispatch(cmd.Tick())
+                    self.activity.ticks += 1
+                    changed, dirty = True, False
                 next_tick = clock.now() + tick
-                changed = True
             if changed:
                 self._publish()
 
-    def _drain(self, wait: float) -> tuple[bool, bool]:
-        """Run every queued command; return (stop, anything ran)."""
+    def _drain(self, wait: float | None) -> tuple[bool, bool]:
+        """Run every queued command (None: wait for one); return (stop, anything changed).
+
+        Under quiet idle a query (:data:`_QUERIES`) changes nothing; otherwise
+        every command counts, as a replay always did.
+        """
         try:
-            first = self._cmds.get(timeout=wait) if wait > 0 else self._cmds.get_nowait()
+            if wait is None:
+                first = self._cmds.get()
+            else:
+                first = self._cmds.get(timeout=wait) if wait > 0 else self._cmds.get_nowait()
         except queue.Empty:
             return False, False
         batch = [first]
@@ -495,9 +652,11 @@ class EngineThread:
                 batch.append(self._cmds.get_nowait())
             except queue.Empty:
                 break
+        changed = False
         for command, fut in _coalesce(batch):
             if isinstance(command, cmd.Stop):
                 return True, True
+            changed = changed or not (self.upkeep.quiet_idle and isinstance(command, _QUERIES))
             try:
                 res = self._dispatch(command)
             except Exception as e:
@@ -507,7 +666,7 @@ class EngineThread:
                 continue
             if fut is not None:
                 self._resolve(fut, res)
-        return False, True
+        return False, changed
 
     def _dispatch(self, c: cmd.Command) -> Any:
         """The one place that acts on a command (engine thread)."""
@@ -623,10 +782,11 @@ class EngineThread:
 
     def _fail_streams(self, err: EngineError) -> None:  # loop thread
         for q in self._streams.values():
-            q.put_nowait(err)
+            q.put(err)
 
     def _publish(self) -> None:
         if self.on_state is not None:
+            self.activity.published += 1
             self._loop.call_soon_threadsafe(self.on_state, self._sched.lease_state())
 
     def _pool(self) -> PoolSnapshot:
@@ -654,7 +814,10 @@ class EngineThread:
             else:
                 fut.set_result(value)
 
-        self._loop.call_soon_threadsafe(set_)
+        try:
+            self._loop.call_soon_threadsafe(set_)
+        except RuntimeError:  # the loop closed: a start given up while the engine loaded
+            log.debug("event loop closed; dropped a reply")
 
 
 def inv_bytes(inv: SenderInventory) -> int:
