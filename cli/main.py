@@ -9,9 +9,12 @@ warnings. Commands that run the engine import it inside, within
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import signal
 import sys
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -72,8 +75,28 @@ def serve(
     session_ttl: float = typer.Option(600.0, help="Idle seconds before a session ends."),
     max_body_mb: float = typer.Option(4.0, help="Request body limit in MiB (more: 413)."),
     drain_s: float = typer.Option(30.0, help="SIGTERM: seconds requests in flight may finish."),
+    write_timeout: float = typer.Option(
+        30.0,
+        help="Seconds a chat stream may wait on a client that reads nothing; then its request "
+        "is aborted and its slot freed (the session stays for a retry).",
+    ),
     api_key: str = typer.Option(
         None, envvar="LADSD_API_KEY", help="Bearer key every request must send (env LADSD_API_KEY)."
+    ),
+    api_keys: Path = typer.Option(
+        None,
+        help="File of 'tenant key' lines: each key's sessions and runs are its tenant's only.",
+    ),
+    keepalive: float = typer.Option(
+        30.0, help="Seconds before an idle connection (or an unfinished request head) closes."
+    ),
+    max_connections: int = typer.Option(512, help="Open connections; more get 503 and close."),
+    max_event_streams: int = typer.Option(64, help="GET /v1/events subscribers; more get 429."),
+    fresh_kappa: bool = typer.Option(
+        False,
+        "--fresh-kappa",
+        help="Measure kappa as replays do (15 timed steps) and refresh its cache "
+        "[default: the cached value; a miss measures 3 steps].",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=replay_cmd.VERBOSE_HELP),
 ) -> None:
@@ -82,12 +105,20 @@ def serve(
     POST /v1/chat/completions (tools, streaming, sessions by x-session-id), GET /v1/models,
     /v1/sessions/{id} (+ /intent, /retention), GET /v1/engine/state, GET /v1/events (SSE),
     GET /metrics, GET /health, /v1/agent/runs. SIGTERM drains requests in flight, releases
-    every lease and exits 0 when the lease audit balances.
+    every lease and exits 0 when the lease audit balances; a second SIGTERM/SIGINT cuts
+    the drain (exit 143/130), as does one while the engine starts.
     """
-    from ladsd.serve.app import check_bind
+    from ladsd.serve.app import Limits, check_bind, read_key_file
 
     try:
-        check_bind(host, api_key)
+        keys = read_key_file(api_keys) if api_keys is not None else ()
+    except (OSError, ValueError) as e:
+        raise typer.BadParameter(str(e), param_hint="--api-keys") from None
+    try:
+        check_bind(host, api_key, keys)
+        limits = Limits(
+            keepalive, max_connections=max_connections, max_event_streams=max_event_streams
+        )
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--api-key") from None
     if policy not in replay_cmd.DELIVERY_POLICIES:
@@ -97,19 +128,25 @@ def serve(
         profile, model, kv_blocks, max_model_len, max_num_seqs, headroom_blocks, lease_s
     )
     with logs.session("serve", verbose) as log:
+        _stop_while_starting()  # the imports and the model load take a while
         import uvloop
 
-        from ladsd.serve.daemon import Daemon, ServeConfig
+        from ladsd.engine.kappa import KappaSource
+        from ladsd.engine.thread import DAEMON_UPKEEP
+        from ladsd.serve.daemon import Daemon, ServeConfig, StartInterrupted
 
         cfg = ServeConfig(
             host=host,
             port=port,
             api_key=api_key,
+            keys=keys,
             max_waiting=max_waiting,
             max_sessions=max_sessions,
             session_ttl_s=session_ttl,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
             drain_s=drain_s,
+            write_timeout_s=write_timeout,
+            limits=limits,
         )
 
         def ready(url: str) -> None:
@@ -119,9 +156,17 @@ def serve(
             )
             console.print(f"[dim]engine log: {escape(str(log.path))}[/dim]")
 
+        def say(line: str) -> None:
+            console.print(escape(line), highlight=False, soft_wrap=True)
+
+        kappa = KappaSource.FRESH if fresh_kappa else KappaSource.CACHE
+        upkeep = dataclasses.replace(DAEMON_UPKEEP, kappa=kappa, progress=say)
         try:
-            daemon = Daemon(prof, policy, cfg, engine_policy=engine)
+            daemon = Daemon(prof, policy, cfg, engine_policy=engine, upkeep=upkeep)
             audit = uvloop.run(daemon.run(ready))
+        except StartInterrupted as e:
+            console.print(f"stopped: {e}")
+            raise typer.Exit(e.status) from None
         except Exception as e:  # start-up errors, a failed audit: say what, not a traceback
             raise replay_cmd.fail("", e, log) from None
         eng = daemon.engine
@@ -131,6 +176,20 @@ def serve(
             f"stopped: every lease released, audit balanced (references added "
             f"{audit['refs_added']:.0f} = released {audit['refs_released']:.0f})"
         )
+
+
+def _stop_while_starting() -> None:
+    """Until the daemon's event loop takes the signals: SIGTERM/SIGINT end ``serve`` now.
+
+    The imports (vLLM, torch) take seconds; nothing is held yet, so nothing drains.
+    """
+
+    def handler(sig: int, _frame: object) -> None:
+        console.print(f"stopped: {signal.Signals(sig).name} while starting: nothing to drain")
+        raise SystemExit(128 + sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, handler)
 
 
 def _serve_profile(

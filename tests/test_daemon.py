@@ -122,6 +122,7 @@ async def test_tool_call_session_round_trip(api: Api, daemon: Daemon):
 
 
 async def test_protocol_refusals_and_intent(api: Api):
+    assert (await api.chat("P"))[0] == 200  # a chat request creates the session (an intent: 404)
     status, out = await api.call("POST", "/v1/sessions/P/intent",
                                  json={"tool": "get_weather", "expected_tool_s": 2.5})  # fmt: skip
     assert status == 202 and out["intent"]["expected_tool_s"] == 2.5
@@ -149,7 +150,7 @@ async def test_bad_requests_keep_the_daemon_up(api: Api):
     assert (await api.chat())[0] == 200
 
 
-async def test_busy_session_409_then_disconnect_aborts_and_ends_the_session(
+async def test_busy_session_409_then_disconnect_aborts_and_keeps_the_session(
     api: Api, daemon: Daemon
 ):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "go"}], "stream": True,
@@ -163,14 +164,20 @@ async def test_busy_session_409_then_disconnect_aborts_and_ends_the_session(
         assert status == 409 and out["error"]["code"] == "session_busy"
         r.close()  # the client goes away mid-stream
 
+    def kinds() -> list[str]:
+        return [e["type"] for e in daemon.events.backlog if e["session_id"] == "D"]
+
     async def gone() -> None:
-        while daemon.in_flight or daemon.sessions.get("D") is not None:
+        while daemon.in_flight or "disconnect" not in kinds():
             await asyncio.sleep(0.05)
 
     await asyncio.wait_for(gone(), GUARD_S)
-    kinds = [e["type"] for e in daemon.events.backlog if e["session_id"] == "D"]
-    assert "disconnect" in kinds and "session_end" in kinds
     assert daemon.stats["disconnected"] >= 1
+    # The session stays for the client's retry (tests/test_serve_turns.py); DELETE ends it.
+    s = daemon.sessions.get("D")
+    assert s is not None and not s.busy and "session_end" not in kinds()
+    assert (await api.call("DELETE", "/v1/sessions/D"))[0] == 200
+    assert "session_end" in kinds()
 
 
 async def test_admission_limit_answers_429_with_retry_after(api: Api, daemon: Daemon):

@@ -211,7 +211,7 @@ def test_serve_reports_only_idle_sessions_with_calls_as_completed_workflows() ->
     from ladsd.serve.daemon import completed
     from ladsd.serve.sessions import Session
 
-    s = Session("a", 1, created=0.0, last_used=0.0, turn=3)
+    s = Session("a", 1, created=0.0, last_used=0.0, turn=3, ended_by="delete")
     assert completed(s, draining=False)
     assert not completed(s, draining=True)  # ended by the shutdown
     assert not completed(dataclasses.replace(s, busy=True), draining=False)  # client went away

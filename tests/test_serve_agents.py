@@ -276,7 +276,8 @@ async def test_bad_requests_over_http(http):
             assert r.status == status
             err = (await r.json())["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["code"] == code
-    async with http.post("/v1/agent/runs", data=b"{not json") as r:
+    raw = {"Content-Type": "application/json"}  # a raw body (else 415)
+    async with http.post("/v1/agent/runs", data=b"{not json", headers=raw) as r:
         assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
     for method in ("GET", "DELETE"):
         async with http.request(method, "/v1/agent/runs/agent-0-none") as r:

@@ -78,7 +78,7 @@ def test_session_from_header_or_body():
          "tool_choice"),
         (body(tools=[{"type": "function", "function": {"name": "bad name"}}]), "tools[0].name"),
         (body(logprobs=True), "logprobs"),
-        (body(frequency_penalty=0.5), "frequency_penalty"),
+        (body(frequency_penalty=3), "frequency_penalty"),  # honoured in [-2, 2]
         (body(stream="yes"), "stream"),
     ],
 )  # fmt: skip
@@ -117,7 +117,7 @@ def test_output_schema_per_tool_choice():
     s = chat.output_schema(named)
     assert s["properties"]["name"] == {"const": "get_weather"}
     auto = chat.output_schema(chat.parse(body(tools=[WEATHER])))
-    assert len(auto["anyOf"]) == 2 and auto["anyOf"][1] == chat.CONTENT_SCHEMA
+    assert len(auto["anyOf"]) == 3 and auto["anyOf"][2] == chat.CONTENT_SCHEMA
     assert chat.output_schema(chat.parse(body(tools=[WEATHER], tool_choice="none"))) is None
     assert chat.output_schema(chat.parse(body())) is None
     fmt = chat.parse(body(response_format={"type": "json_object"}))
@@ -260,7 +260,7 @@ def test_a_new_incarnation_has_a_new_version_and_releases_what_it_held():
     s = t.open("a")
     s.history = (1, 2, 3)
     s.waiting = notice(s, "tool")
-    assert s.held() == [ContinuationId("a", 0, s.version)]
+    assert s.held() == [ContinuationId(s.workflow, 0, s.version)]  # "local/a"
     t.end("a")
     assert released == ["a"] and t.open("a").version > s.version
 
@@ -405,6 +405,7 @@ async def test_app_before_the_engine_starts_key_body_limit_and_errors():
     await server.start_server()
     base = f"http://127.0.0.1:{server.port}"
     ok = {"Authorization": "Bearer sekret"}
+    raw = ok | {"Content-Type": "application/json"}  # a raw JSON body (else 415)
     try:
         async with aiohttp.ClientSession() as s:
             async with s.get(f"{base}/health") as r:  # open without the key
@@ -416,10 +417,10 @@ async def test_app_before_the_engine_starts_key_body_limit_and_errors():
                 assert r.status == 401
             async with s.get(f"{base}/v1/models", headers=ok) as r:
                 assert r.status == 200 and (await r.json())["data"][0]["id"] == "tiny"
-            async with s.post(f"{base}/v1/chat/completions", data=b"x" * 4096, headers=ok) as r:
+            async with s.post(f"{base}/v1/chat/completions", data=b"x" * 4096, headers=raw) as r:
                 err = (await r.json())["error"]
                 assert r.status == 413 and err["type"] == "invalid_request_error"
-            async with s.post(f"{base}/v1/chat/completions", data=b"{no", headers=ok) as r:
+            async with s.post(f"{base}/v1/chat/completions", data=b"{no", headers=raw) as r:
                 assert r.status == 400 and (await r.json())["error"]["code"] == "invalid_json"
             b = {"model": "tiny", "messages": [{"role": "user", "content": "x"}]}
             async with s.post(f"{base}/v1/chat/completions", json=b, headers=ok) as r:

@@ -10,6 +10,9 @@ Endpoints (installed on the daemon's aiohttp app by :func:`install`):
   GET    /v1/agent/runs/{id}/events  progress as server-sent events (replayed from the start)
   DELETE /v1/agent/runs/{id}         cancel a run
 
+A run belongs to the tenant whose key started it (:mod:`.app`): another
+tenant's run is a 404 and is not listed.
+
 Every model call of a run goes through :class:`~ladsd.agent.link_backend.LinkBackend`
 over the daemon's own :class:`~ladsd.runtime.Runtime`: call 0 enters the engine
 directly, every tool result travels the paced TCP return link under the daemon's
@@ -38,7 +41,17 @@ from ladsd.agent.loop import AgentConfig, run_workflow
 from ladsd.clock import STAGES
 from ladsd.records import ContinuationId
 from ladsd.runtime import CallOutcome
-from ladsd.serve.app import dumps, json_response, open_sse, read_json
+from ladsd.serve.app import (
+    DAEMON,
+    LOCAL,
+    WRITE_TIMEOUT_S,
+    dumps,
+    json_response,
+    open_sse,
+    read_json,
+    tenant_of,
+    write_within,
+)
 from ladsd.serve.errors import ApiError
 from ladsd.workloads.trace import CallRecord, WorkflowRecord
 from web_catalog.db import Catalog
@@ -50,6 +63,7 @@ MAX_PRODUCTS = 6
 MAX_QUESTION_CHARS = 2000
 HEARTBEAT_S = 15.0  # SSE comment line while nothing happens (keeps proxies from timing out)
 TERMINAL = ("completed", "failed", "cancelled")
+MAX_EVENT_ID_DIGITS = 9  # Last-Event-ID: a run has far fewer events
 
 # Agent settings a client may change, with their bounds. The defaults are the
 # committed trace's (traces/README.md): no repeats, because SmolLM2-135M loops
@@ -223,6 +237,7 @@ class AgentRun:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     job: asyncio.Task | None = None
     link: dict[str, Any] | None = None  # the return path its results took (set at start)
+    tenant: str = LOCAL  # whose key started it
 
     @property
     def done(self) -> bool:
@@ -347,9 +362,10 @@ class AgentRuns:
     def active(self) -> int:
         return sum(not r.done for r in self.runs.values())
 
-    def get(self, run_id: str) -> AgentRun:
+    def get(self, run_id: str, tenant: str = LOCAL) -> AgentRun:
+        """``tenant``'s run ``run_id`` (404 for another tenant's, as for none)."""
         run = self.runs.get(run_id)
-        if run is None:
+        if run is None or run.tenant != tenant:
             raise ApiError(404, f"no agent run {run_id!r}", param="id", code="run_not_found")
         return run
 
@@ -361,7 +377,7 @@ class AgentRuns:
             )
         return cat
 
-    def start(self, req: RunRequest) -> AgentRun:
+    def start(self, req: RunRequest, tenant: str = LOCAL) -> AgentRun:
         if self.closing or self.d.draining:
             raise ApiError(503, "the daemon is shutting down", code="shutting_down")
         if self.active() >= self.max_active:
@@ -375,11 +391,12 @@ class AgentRuns:
             oldest = next(rid for rid, r in self.runs.items() if r.done)
             del self.runs[oldest]
         # The id names the workflow, hence every engine request id and link frame
-        # of the run; "agent-" keeps it apart from chat session ids (clients
-        # choose those) only by convention, so a random part makes a clash unlikely.
+        # of the run; it has no "/", so it is never a chat session's workflow id
+        # (those are "<tenant>/<session id>").
         rid = f"agent-{next(self._seq)}-{secrets.token_hex(4)}"
         task = req.task if req.task.task_id != "custom" else replace(req.task, task_id=rid)
-        run = AgentRun(rid, task, req.agent, created=time.time(), t0=clock.now())
+        now = clock.now()
+        run = AgentRun(rid, task, req.agent, created=time.time(), t0=now, tenant=tenant)
         self.runs[rid] = run
         self._emit(run, "status", {"status": "queued"})
         run.job = asyncio.create_task(self._drive(run), name=f"ladsd-{rid}")
@@ -396,7 +413,7 @@ class AgentRuns:
             brief = {k: data[k] for k in ("status", "termination", "steps", "error")}
         else:
             brief = dict(data)
-        self.d.events.publish(f"agent_{kind}", run.id, **brief)
+        self.d.events.publish(f"agent_{kind}", run.id, tenant=run.tenant, **brief)
 
     async def _drive(self, run: AgentRun) -> None:
         run.status = "running"
@@ -476,41 +493,59 @@ class AgentRuns:
         body = await read_json(request)
         req = parse_run(body, self.tasks, self.catalog())
         self.d.live_engine()  # 503 at once while the engine starts or after it died
-        return json_response(self.start(req).view(), 201)
+        return json_response(self.start(req, tenant_of(request)).view(), 201)
 
-    async def index(self, _: web.Request) -> web.Response:
-        data = [r.summary() for r in self.runs.values()]
+    async def index(self, request: web.Request) -> web.Response:
+        tenant = tenant_of(request)
+        data = [r.summary() for r in self.runs.values() if r.tenant == tenant]
         return json_response({"object": "list", "data": data})
 
+    def _run(self, request: web.Request) -> AgentRun:
+        return self.get(request.match_info["id"], tenant_of(request))
+
     async def show(self, request: web.Request) -> web.Response:
-        return json_response(self.get(request.match_info["id"]).view())
+        return json_response(self._run(request).view())
 
     async def delete(self, request: web.Request) -> web.Response:
-        run = self.get(request.match_info["id"])
+        run = self._run(request)
         await self.cancel(run)
         return json_response(run.view())
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         """SSE: every event of the run from the start (or after ``Last-Event-ID``),
         then live ones; ends after ``done``."""
-        run = self.get(request.match_info["id"])
-        start = request.headers.get("Last-Event-ID", "")
-        i = int(start) + 1 if start.isdigit() else 0
+        run = self._run(request)
+        i = _resume_at(request.headers.get("Last-Event-ID", ""))
         resp = await open_sse(request)
+        d = request.app.get(DAEMON)  # a reader that stops reading is cut
+        limit = d.cfg.write_timeout_s if d is not None else WRITE_TIMEOUT_S
         while True:
             wake = run.changed  # taken before reading, so no event is missed
             while i < len(run.events):
                 kind, data = run.events[i]
-                await resp.write(_sse(i, kind, data))
+                await write_within(request, resp, _sse(i, kind, data), limit)
                 i += 1
             if (run.done and i >= len(run.events)) or self.closing:
                 break
             try:
                 await asyncio.wait_for(wake.wait(), HEARTBEAT_S)
             except TimeoutError:
-                await resp.write(b": keep-alive\n\n")
+                await write_within(request, resp, b": keep-alive\n\n", limit)
         await resp.write_eof()
         return resp
+
+
+def _resume_at(last: str) -> int:
+    """The index after ``Last-Event-ID`` (none: 0); 400 unless ASCII digits (not "²")."""
+    if not last:
+        return 0
+    if not (last.isascii() and last.isdigit()) or len(last) > MAX_EVENT_ID_DIGITS:
+        raise ApiError(
+            400,
+            f"Last-Event-ID must be an event id: at most {MAX_EVENT_ID_DIGITS} digits",
+            param="Last-Event-ID",
+        )
+    return int(last) + 1
 
 
 def _sse(i: int, kind: str, data: dict[str, Any]) -> bytes:

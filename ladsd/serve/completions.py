@@ -11,8 +11,12 @@ allocation. A reply that is a tool call makes the new history wait for the
 tool: the daemon announces it to the engine (:func:`.protocol.announce`)
 before the client has the reply.
 
-A client that goes away (aiohttp cancels the handler; a write fails) aborts
-its request and ends its session, releasing whatever the session holds.
+A session is opened only for a valid request (checked, tokenised off the
+event loop: :mod:`.render`). A client that goes away (aiohttp cancels the
+handler; a write fails, or takes nothing for ``write_timeout_s``) aborts its
+request and frees its slot; its session stays, with the history the request
+bound waiting again, so a retry of the same turn binds it. A request whose
+session ended while it ran (DELETE) records and announces nothing.
 """
 
 from __future__ import annotations
@@ -21,22 +25,35 @@ import asyncio
 import secrets
 import time
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from ladsd import clock
 from ladsd.engine.params import sampling
 from ladsd.engine.thread import EngineDead, EngineError
-from ladsd.records import ContinuationId
+from ladsd.records import ContinuationId, HistoryNotice
 from ladsd.serve import chat, protocol
-from ladsd.serve.app import DAEMON, json_response, open_sse, read_json, sse
+from ladsd.serve.app import (
+    DAEMON,
+    StalledReader,
+    json_response,
+    open_sse,
+    read_json,
+    sse,
+    tenant_of,
+    write_within,
+)
 from ladsd.serve.chat import ChatRequest, Piece, Reply
 from ladsd.serve.errors import ApiError, bad
-from ladsd.serve.sessions import Session
+from ladsd.serve.sessions import LeaseView, Session, client_key
 
 if TYPE_CHECKING:
     from ladsd.serve.daemon import Daemon
+
+
+_ABORTS: set[asyncio.Task] = set()
 
 
 @dataclass
@@ -49,15 +66,29 @@ class Plan:
     extends: bool
 
 
-def plan(d: Daemon, req: ChatRequest, s: Session | None) -> Plan:
+async def plan(d: Daemon, req: ChatRequest, s: Session | None) -> Plan:
+    """The request's prompt ids, tokenised off the loop after the cheap context check."""
     turns = chat.pieces(req)
-    if s is None:
-        return Plan(turns, d.renderer.prompt(turns), None, False)
-    n = len(s.turns)
-    extends = 0 < n < len(turns) and turns[:n] == s.turns
-    cid = s.waiting.cid if extends and s.waiting is not None else None
-    prompt = d.renderer.extend(s.history, turns[n:]) if extends else d.renderer.prompt(turns)
-    return Plan(turns, prompt, cid, extends)
+    n = len(s.turns) if s is not None else 0
+    extends = s is not None and 0 < n < len(turns) and turns[:n] == s.turns
+    history = s.history if s is not None and extends else None
+    cid = s.waiting.cid if s is not None and extends and s.waiting is not None else None
+    new = turns[n:] if extends else turns
+    fits(d, req, len(history or ()) + d.renderer.least(new))
+    return Plan(turns, await d.renderer.ids(new, history), cid, extends)
+
+
+def fits(d: Daemon, req: ChatRequest, least: int) -> None:
+    """Refuse, untokenised, a prompt of at least ``least`` tokens that certainly cannot fit."""
+    limit, want = d.max_model_len, req.max_tokens
+    if least + (want or 1) > limit:
+        more = f" and {want} more were requested" if want else ""
+        raise bad(
+            f"this model's maximum context length is {limit} tokens; the messages take at "
+            f"least {least}{more}",
+            "messages",
+            "context_length_exceeded",
+        )
 
 
 def params_for(d: Daemon, req: ChatRequest, prompt_len: int) -> Any:
@@ -71,6 +102,7 @@ def params_for(d: Daemon, req: ChatRequest, prompt_len: int) -> Any:
             "messages",
             "context_length_exceeded",
         )
+    check_bias(d, req)
     try:
         return sampling(
             max_tokens=want,
@@ -81,9 +113,29 @@ def params_for(d: Daemon, req: ChatRequest, prompt_len: int) -> Any:
             json_schema=dict(s) if (s := chat.output_schema(req)) is not None else None,
             min_tokens=req.min_tokens,
             ignore_eos=req.ignore_eos,
+            knobs=req.sampling.knobs(),
         )
     except Exception as e:  # vLLM's own checks (e.g. min_tokens > max_tokens)
         raise bad(str(e)) from None
+
+
+def check_bias(d: Daemon, req: ChatRequest) -> None:
+    """``logit_bias`` names token ids of this model's vocabulary (400 before any output)."""
+    if not req.sampling.logit_bias:
+        return
+    vocab = len(d.live_engine().tokenizer)
+    outside = [t for t, _ in req.sampling.logit_bias if t >= vocab]
+    if outside:
+        raise bad(f"logit_bias: token ids {outside[:8]} are not in the vocabulary "
+                  f"(0-{vocab - 1})", "logit_bias")  # fmt: skip
+
+
+def claim(s: Session) -> None:
+    """Mark ``s`` busy for one request; 409 if another one has it."""
+    if s.busy:
+        msg = f"session {s.id!r} already has a request in flight"
+        raise ApiError(409, msg, code="session_busy")
+    s.busy = True
 
 
 class Turn:
@@ -97,42 +149,83 @@ class Turn:
         self.created = int(time.time())
         self.session: Session | None = None
         self.rid: str | None = None
+        self.resume: HistoryNotice | None = None  # the waiting history this request binds
+        self.resp: web.StreamResponse | None = None  # the stream, once its headers are out
+        self.stalled = False  # a write outlasted the write timeout
 
     async def run(self) -> web.StreamResponse:
         d, req = self.d, self.req
-        s = self.session = d.sessions.open(req.session_id) if req.session_id else None
-        if s is not None and s.busy:
-            raise ApiError(
-                409, f"session {s.id!r} already has a request in flight", code="session_busy"
-            )
-        p = plan(d, req, s)
-        params = params_for(d, req, len(p.prompt))
+        # An existing session is held (busy) while the request is checked and tokenised;
+        # a new one is opened only once the request is valid (a bad one leaves none).
+        tenant = tenant_of(self.request)  # sessions are per tenant (the key's)
+        held = d.sessions.get(req.session_id, tenant) if req.session_id else None
+        if held is not None:
+            claim(held)
+        try:
+            p = await plan(d, req, held)
+            params = params_for(d, req, len(p.prompt))
+            p = self._enter(held, p)
+        except BaseException:
+            if held is not None:
+                held.busy = False
+            raise
+        return await self._submit(p, params)
+
+    def _enter(self, held: Session | None, p: Plan) -> Plan:
+        """The session the valid request runs in (``self.session``) and its plan there."""
+        d, sid = self.d, self.req.session_id
+        if sid is None:
+            return p
+        if held is not None:
+            if d.sessions.holds(held):
+                self.session = held
+                return p
+            held.busy = False  # ended while the request was tokenised: it runs without
+            return Plan(p.turns, p.prompt, None, False)
+        s = d.sessions.open(sid, tenant_of(self.request))
+        if s.turns:  # created by a concurrent request meanwhile: its plan is not ours
+            raise ApiError(409, f"session {s.id!r} changed; retry", code="session_busy")
+        claim(s)
+        self.session = s
+        return p
+
+    async def _submit(self, p: Plan, params: Any) -> web.StreamResponse:
+        d, req, s = self.d, self.req, self.session
         if s is not None:
             if s.waiting is not None and p.cid is None:
                 d.cancel(s.waiting.cid)  # the conversation went another way: nothing to keep
-            s.waiting, s.bound, s.busy = None, p.cid, True
+            self.resume = s.waiting if p.cid is not None else None
+            s.waiting, s.bound = None, p.cid
         try:
             try:
                 self.rid = d.live_engine().submit(p.prompt, params, cid=p.cid)
             except EngineDead:
                 raise
             except EngineError as e:
+                if s is not None and s.turn == 0 and d.sessions.holds(s):
+                    d.sessions.end(s.id, s.tenant, "refused")  # opened for a refused request
                 raise bad(str(e)) from None
             if req.stream:
                 return await self._stream(p)
             return await self._complete(p)
-        except (asyncio.CancelledError, ConnectionError):
-            self._gone()
+        except asyncio.CancelledError:
+            # While the daemon drains, the cancel is the shutdown's (aiohttp's, past --drain-s)
+            self._gone(by_shutdown=d.draining)
             raise
+        except ConnectionError:  # a write failed or timed out: nobody to answer, nothing to log
+            self._gone()
+            return self.resp if self.resp is not None else web.Response()
         except BaseException:
             if p.cid is not None:
                 d.cancel(p.cid)  # the bound request failed: its lease protects nothing now
+            self._abort()  # e.g. a 503 before its stream was read: its queue must not stay
             raise
         finally:
             if s is not None:
                 s.busy = False
                 s.bound = None
-                d.sessions.touch(s)
+                if d.sessions.holds(s):
+                    d.sessions.touch(s)
 
     async def _complete(self, p: Plan) -> web.Response:
         try:
@@ -150,48 +243,73 @@ class Turn:
 
     async def _stream(self, p: Plan) -> web.StreamResponse:
         req, eng = self.req, self.d.live_engine()
-        resp = await open_sse(self.request)
+        resp = self.resp = await open_sse(self.request)
 
         def chunk(
             delta: dict[str, Any] | None, finish: str | None = None, use: Any = None
         ) -> bytes:
             return sse(chat.chunk(self.id, self.created, req.model, delta, finish, use))
 
-        await resp.write(chunk({"role": "assistant", "content": ""}))
+        await self._write(resp, chunk({"role": "assistant", "content": ""}))
+        # With tools the output is a JSON envelope: decoded as it comes, so an answer
+        # streams as content and a call as tool_calls deltas (its notice still goes
+        # out before the finish chunk that completes it).
+        dec = chat.decoder(req) if req.calls_tools else None
         sent, last = 0, None
         try:
             async with aclosing(eng.stream(self.rid or "")) as outs:
                 async for out in outs:
                     last = out
                     text = out.outputs[0].text
-                    # Tool calls and the content envelope are JSON: sent whole at the end.
-                    if not req.calls_tools and len(text) > sent:
-                        await resp.write(chunk({"content": text[sent:]}))
-                        sent = len(text)
+                    if len(text) > sent:
+                        piece, sent = text[sent:], len(text)
+                        for delta in [{"content": piece}] if dec is None else dec.feed(piece):
+                            await self._write(resp, chunk(delta))
         except EngineError as e:  # headers are out: the error goes in the stream
-            if p.cid is not None:
-                self.d.cancel(p.cid)
             status = 503 if isinstance(e, EngineDead) else 400
             err = ApiError(status, str(e), code="engine_dead" if status == 503 else None)
-            await resp.write(sse(err.body()))
-            await resp.write(sse("[DONE]"))
-            return resp
+            return await self._fail_stream(resp, p, err)
         if last is None:
-            raise ApiError(500, "the engine ended the request without output")
+            return await self._fail_stream(
+                resp, p, ApiError(500, "the engine ended the request without output")
+            )
         c = last.outputs[0]
+        cached, decoded = int(last.num_cached_tokens or 0), dec.reply() if dec is not None else None
         reply, finish, use = await self._finish(
-            p, tuple(c.token_ids), c.text, c.finish_reason, int(last.num_cached_tokens or 0)
+            p, tuple(c.token_ids), c.text, c.finish_reason, cached, decoded
         )
-        if reply.calls:
-            await resp.write(chunk({"tool_calls": chat.calls_body(reply.calls, index=True)}))
-        elif req.calls_tools and reply.content:
-            await resp.write(chunk({"content": reply.content}))
-        await resp.write(chunk({}, finish))
+        for delta in dec.close() if dec is not None else ():
+            await self._write(resp, chunk(delta))  # an output that streamed nothing yet
+        await self._write(resp, chunk({}, finish))
         if req.include_usage:
-            await resp.write(chunk(None, use=use))
-        await resp.write(sse("[DONE]"))
-        await resp.write_eof()
+            await self._write(resp, chunk(None, use=use))
+        await self._write(resp, sse("[DONE]"))
+        await self._write(resp, eof=True)
         return resp
+
+    async def _fail_stream(
+        self, resp: web.StreamResponse, p: Plan, err: ApiError
+    ) -> web.StreamResponse:
+        """The SSE headers are out: the error is the stream's last event (never a second
+        response), and the bound history is released (its request failed)."""
+        if p.cid is not None:
+            self.d.cancel(p.cid)
+        await self._write(resp, sse(err.body()))
+        await self._write(resp, sse("[DONE]"))
+        return resp
+
+    async def _write(self, resp: web.StreamResponse, data: bytes = b"", eof: bool = False) -> None:
+        """One write of the stream (or its end, ``eof``), bounded by the write timeout.
+
+        A client that takes none of it for ``write_timeout_s`` counts as gone: its
+        connection is dropped (what it never read with it) and ConnectionResetError
+        raised, so its request is aborted like any disconnect's and its slot comes back.
+        """
+        try:
+            await write_within(self.request, resp, data, self.d.cfg.write_timeout_s, eof=eof)
+        except StalledReader:
+            self.stalled = True
+            raise
 
     async def _finish(
         self,
@@ -200,17 +318,26 @@ class Turn:
         text: str,
         engine_reason: str | None,
         cached: int,
+        decoded: Reply | None = None,
     ) -> tuple[Reply, str, dict[str, Any]]:
-        """Reply, finish reason and usage; the session's bookkeeping and the tool notice."""
+        """Reply, finish reason and usage; the session's bookkeeping and the tool notice.
+
+        ``decoded``: the reply a stream's decoder made (its call ids were sent), else
+        ``text`` is parsed.
+        """
         d, req, s = self.d, self.req, self.session
-        reply = chat.parse_reply(text, req)
+        reply = decoded if decoded is not None else chat.parse_reply(text, req)
         finish = chat.finish_reason(engine_reason, reply)
         use = chat.usage(len(p.prompt), len(output), cached)
         d.stats["prompt_tokens"] += len(p.prompt)
         d.stats["cached_tokens"] += cached
         d.stats["completion_tokens"] += len(output)
         turn = None
+        if s is not None and not d.sessions.holds(s):
+            s = None  # ended while it ran (DELETE, eviction): nothing to record or announce
         if s is not None:
+            self.resume = None  # the turn is recorded: a later disconnect brings nothing back
+            s.abandoned = False
             turn = s.turn
             s.turn += 1
             s.turns = (*p.turns, chat.reply_piece(reply))
@@ -225,21 +352,52 @@ class Turn:
             prompt_tokens=len(p.prompt),
             cached_tokens=cached,
             completion_tokens=len(output),
-            bound=p.cid.key() if p.cid is not None else None,
+            bound=client_key(p.cid) if p.cid is not None else None,
         )
         return reply, finish, use
 
-    def _gone(self) -> None:
-        """The client went away: abort the request, end its session (releasing its leases)."""
+    def _gone(self, by_shutdown: bool = False) -> None:
+        """The client went away (or stopped reading): abort the request, keep the session.
+
+        A client's timeout-and-retry must not lose its history: the history this
+        request bound waits again (:meth:`_resume`), so a retry of the same turn
+        binds it; the session ends as sessions do (TTL, DELETE, eviction).
+        ``by_shutdown``: cancelled by the shutdown, which is no disconnect.
+        """
         d = self.d
+        self._abort()
+        if by_shutdown:
+            d.stats["shutdown_cancelled"] += 1
+            return
         d.stats["disconnected"] += 1
-        if self.rid is not None and d.alive:
-            # The stream's own cleanup aborts too; this covers a cancel between submit and read.
-            asyncio.get_running_loop().create_task(d.live_engine().abort(self.rid))
         s = self.session
-        d.events.publish("disconnect", s.id if s is not None else None, request=self.id)
-        if s is not None:
-            d.sessions.end(s.id)
+        reason = "write_timeout" if self.stalled else "client"
+        d.events.publish(
+            "disconnect", s.id if s is not None else None, request=self.id, reason=reason
+        )
+        if s is not None and d.sessions.holds(s):
+            s.abandoned = True  # until a retry records a turn: not a completed workflow
+            if self.resume is not None:
+                self._resume(s, self.resume)
+
+    def _abort(self) -> None:
+        """Abort the engine request (idempotent). The stream's own cleanup aborts too; this
+        covers an end between submit and read."""
+        d = self.d
+        if self.rid is not None and d.alive:
+            t = asyncio.get_running_loop().create_task(d.live_engine().abort(self.rid))
+            _ABORTS.add(t)  # a task nothing references may be collected before it runs
+            t.add_done_callback(_ABORTS.discard)
+
+    def _resume(self, s: Session, n: HistoryNotice) -> None:
+        """``n`` waits again for the retry of its turn: announced afresh (ready now)."""
+        d = self.d
+        s.waiting = n = replace(n, ready_time=clock.now())
+        if s.lease is None or s.lease.cid != n.cid or s.lease.status != "granted":
+            # granted: the lease was never handed off and still holds; else a new candidate
+            s.lease = LeaseView(n.cid, status="announced" if d.leases_enabled else "no_leases")
+        if d.alive:
+            d.live_engine().notice(n)
 
 
 async def create(request: web.Request) -> web.StreamResponse:

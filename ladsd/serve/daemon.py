@@ -16,24 +16,38 @@ which answers 503 at once while it starts or after it died (never a hang).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import signal
+import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from ladsd.config import Profile
-from ladsd.engine.thread import EngineThread
+from ladsd.engine.thread import DAEMON_UPKEEP, EngineThread, Upkeep
 from ladsd.modes import EnginePolicy
 from ladsd.records import EngineState
 from ladsd.runtime import Runtime, open_runtime
 from ladsd.serve import agents, completions, metrics, protocol
-from ladsd.serve.app import DAEMON, check_bind, is_loopback, json_response, make_app
+from ladsd.serve.app import (
+    DAEMON,
+    WRITE_TIMEOUT_S,
+    CappedSite,
+    Limits,
+    check_bind,
+    is_loopback,
+    json_response,
+    key_table,
+    make_app,
+    make_runner,
+)
 from ladsd.serve.chat import SESSION_HEADER
 from ladsd.serve.errors import ApiError
 from ladsd.serve.events import EventHub
@@ -50,12 +64,36 @@ class ServeConfig:
 
     host: str = "127.0.0.1"
     port: int = 8731
-    api_key: str | None = None  # required on a non-loopback address
+    api_key: str | None = None  # the tenant "default"'s key; a key is required off loopback
+    keys: tuple[tuple[str, str], ...] = ()  # (tenant, key) pairs (--api-keys FILE)
     max_waiting: int = 64  # chat requests admitted beyond the engine's m running ones
     max_sessions: int = 1024
     session_ttl_s: float = 600.0
     max_body_bytes: int = 4 * 1024 * 1024
     drain_s: float = 30.0  # SIGTERM: how long requests in flight may take to finish
+    write_timeout_s: float = WRITE_TIMEOUT_S  # a stream reader that takes nothing this long: gone
+    limits: Limits = Limits()  # connections: keep-alive, body timeout, caps
+
+
+class StartInterrupted(Exception):
+    """SIGTERM/SIGINT (or :meth:`Daemon.stop`) came while the engine was starting."""
+
+    def __init__(self, sig: int | None) -> None:
+        name = signal.Signals(sig).name if sig is not None else "a stop"
+        super().__init__(f"{name} while starting: nothing to drain, no lease was held")
+        self.signal = sig
+        self.status = 128 + sig if sig is not None else 1  # the shell's code for the signal
+
+
+def exit_now(status: int) -> None:
+    """Leave at once (a second signal cut the drain): flush what was said, skip teardown."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
 
 
 def _catalog() -> Catalog | None:
@@ -67,13 +105,9 @@ def _catalog() -> Catalog | None:
 
 
 def completed(s: Session, draining: bool) -> bool:
-    """A session that ends idle, after at least one call, outside the shutdown drain (ours).
-
-    The daemon's harness report of a completed workflow: ended by DELETE, idle
-    expiry or LRU eviction between requests. A session ended with a request in
-    flight (a client that went away) or by the shutdown is not one.
-    """
-    return s.turn > 0 and not s.busy and not draining
+    """The daemon's harness report of a completed workflow (:meth:`Session.completed`:
+    the client's DELETE or idle expiry after an answer), never during the shutdown drain."""
+    return s.completed() and not draining
 
 
 class Daemon:
@@ -85,9 +119,13 @@ class Daemon:
         policy: str = "lads",
         cfg: ServeConfig | None = None,
         engine_policy: EnginePolicy = EnginePolicy.VLLM,
+        upkeep: Upkeep = DAEMON_UPKEEP,
     ):
         self.cfg = cfg = cfg or ServeConfig()
-        check_bind(cfg.host, cfg.api_key)
+        self.upkeep = upkeep  # cached kappa, quiet idle, bounded timeline; progress lines
+        self.signal: int | None = None  # the signal that began the shutdown
+        check_bind(cfg.host, cfg.api_key, cfg.keys)
+        keys = key_table(cfg.api_key, cfg.keys)  # API key -> tenant
         self.profile = profile
         self.policy = policy
         self.engine_policy = EnginePolicy(engine_policy)
@@ -98,8 +136,11 @@ class Daemon:
         self.engine: EngineThread | None = None
         self.state: EngineState | None = None
         self.renderer: Renderer | None = None
-        self.events = EventHub()
-        self.sessions = SessionTable(cfg.max_sessions, cfg.session_ttl_s, self._release)
+        self.events = EventHub(max_subscribers=cfg.limits.max_event_streams)
+        tenants = max(1, len(set(keys.values())))
+        self.sessions = SessionTable(
+            cfg.max_sessions, cfg.session_ttl_s, self._release, tenants=tenants
+        )
         self.catalog = _catalog()
         self.stats: Counter[str] = Counter()
         self.in_flight = 0
@@ -107,7 +148,13 @@ class Daemon:
         self.started = int(time.time())
         self.audit: dict[str, float] | None = None
         self._stop: asyncio.Event | None = None
-        self.app = make_app(max_body_bytes=cfg.max_body_bytes, key=cfg.api_key)
+        self._closer: asyncio.Task[None] | None = None  # closes the event hub after the drain
+        self.app = make_app(
+            max_body_bytes=cfg.max_body_bytes,
+            keys=keys,
+            loopback=is_loopback(cfg.host),
+            limits=cfg.limits,
+        )
         self.app[DAEMON] = self
         self.app.router.add_get("/health", self.health)
         completions.install(self)
@@ -172,12 +219,15 @@ class Daemon:
             "sessions": {
                 "header": SESSION_HEADER,
                 "max": self.sessions.max_sessions,
+                "max_per_tenant": self.sessions.per_tenant,
                 "idle_ttl_s": self.sessions.ttl_s,
+                "owner": "the tenant of the API key that created it",
             },
             "intent": ["tool", "expected_tool_s", "expected_result_bytes"],
             "retention": list(protocol.MODES) if self.leases_enabled else ["release"],
             "events": list(protocol.EVENT_TYPES),
             "admission": {"max_in_flight": self.admit_limit},
+            "connections": dataclasses.asdict(self.cfg.limits),
         }
 
     def model_card(self) -> dict[str, Any]:
@@ -211,19 +261,36 @@ class Daemon:
                 inner(state)
             self.state = state
             self.sessions.observe(state)
-            self.events.on_state(state)
+            self.events.on_state(state, self._owner)
 
         rt.engine.on_state = on_state
+
+    def _owner(self, workflow: str) -> tuple[str | None, str]:
+        """An engine workflow's tenant and the id its client knows: ``tenant/session``
+        for a chat session, an agent run's id for a run."""
+        tenant, slash, sid = workflow.partition("/")
+        if slash:
+            return tenant, sid
+        run = self.app[agents.AGENTS].runs.get(workflow)
+        return (run.tenant if run is not None else None), workflow
 
     def _release(self, s: Session) -> None:
         for cid in s.held():
             self.cancel(cid)
         if self.rt is not None and completed(s, self.draining):
-            self.rt.end_workflow(s.id, s.turn)  # HEAR's continuation estimate learns it
-        self.events.publish("session_end", s.id, turns=s.turn)
+            self.rt.end_workflow(s.workflow, s.turn)  # HEAR's continuation estimate learns it
+        self.events.publish("session_end", s.id, tenant=s.tenant, turns=s.turn, why=s.ended_by)
 
     async def _close_streams(self, _: web.Application) -> None:
-        self.events.close()  # event streams end, so the drain waits only for real work
+        """Event streams end after the drain (so they carry its completions), and the
+        drain does not wait for them: they end as soon as no chat request is in flight."""
+
+        async def after_drain() -> None:
+            while self.in_flight:
+                await asyncio.sleep(0.05)
+            self.events.close()
+
+        self._closer = asyncio.get_running_loop().create_task(after_drain())
 
     async def _reap(self) -> None:
         period = min(5.0, self.sessions.ttl_s / 4)
@@ -233,38 +300,94 @@ class Daemon:
 
     # ---- life ----------------------------------------------------------------------------
     def stop(self) -> None:
-        """Begin the shutdown (what SIGTERM does)."""
+        """Begin the shutdown (what SIGTERM does); while starting, give the start up."""
         if self._stop is not None:
             self._stop.set()
+
+    def _on_signal(self, sig: int) -> None:
+        """SIGTERM/SIGINT: the first stops (drains); a second one cuts the drain and exits."""
+        name = signal.Signals(sig).name
+        if self._stop is not None and self._stop.is_set():
+            self._say(f"{name} again: the drain was cut ({self.in_flight} requests in flight)")
+            exit_now(128 + sig)
+        self.signal = sig
+        if self.rt is not None:
+            self._say(
+                f"{name}: draining {self.in_flight} requests in flight (up to "
+                f"{self.cfg.drain_s:g} s; {name} again cuts it)"
+            )
+        self.stop()
+
+    def _say(self, line: str) -> None:
+        if self.upkeep.progress is not None:
+            self.upkeep.progress(line)
+
+    @asynccontextmanager
+    async def _runtime(self) -> AsyncIterator[Runtime]:
+        """``open_runtime``, given up as soon as a stop comes while the engine starts.
+
+        The engine's load cannot be interrupted (native code); the engine thread
+        stops once it ends, and ``ladsd serve`` exits without waiting for that.
+        """
+        assert self._stop is not None
+        async with AsyncExitStack() as stack:
+            cm = open_runtime(
+                self.profile, self.policy, engine_policy=self.engine_policy, upkeep=self.upkeep
+            )
+            opening = asyncio.ensure_future(stack.enter_async_context(cm))
+            stopped = asyncio.ensure_future(self._stop.wait())
+            try:
+                await asyncio.wait({opening, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopped.cancel()
+            if not opening.done():
+                opening.cancel()
+                await asyncio.gather(opening, return_exceptions=True)
+                raise StartInterrupted(self.signal)
+            yield opening.result()
+
+    async def sizes(self) -> dict[str, int]:
+        """Entries per table of the daemon and its runtime: bounded however long it runs.
+
+        The runtime's tables (:meth:`Runtime.sizes`) are 0 when nothing is in
+        flight; the rest are capped: the lease timeline (``Upkeep``), the event
+        backlog, the session and agent-run tables.
+        """
+        own = {
+            "sessions": len(self.sessions),
+            "events.backlog": len(self.events.backlog),
+            "events.subscribers": self.events.subscribers,
+            "agent_runs": len(self.app[agents.AGENTS].runs),
+            "stats": len(self.stats),
+        }
+        if self.rt is None:
+            return own
+        rt = {f"rt.{k}": v for k, v in (await self.rt.sizes()).items()}
+        return own | rt | self.rt.timeline.sizes()
 
     async def run(self, ready: Callable[[str], None] | None = None) -> dict[str, float]:
         """Serve until :meth:`stop`, SIGTERM or SIGINT; return the lease audit."""
         cfg = self.cfg
         self._stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        handled = []
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:
-                loop.add_signal_handler(sig, self.stop)
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                handled.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
                 pass
         if not is_loopback(cfg.host):
             log.warning(
                 "serving on %s, which is not loopback: every request needs the API key", cfg.host
             )
-        runner = web.AppRunner(
-            self.app,
-            access_log=None,
-            handle_signals=False,
-            handler_cancellation=True,  # a client that goes away cancels its handler
-            shutdown_timeout=cfg.drain_s,
-        )
+        runner = make_runner(self.app, cfg.drain_s)
         await runner.setup()
         cleaned = False
         try:
-            await web.TCPSite(runner, cfg.host, cfg.port).start()
-            async with open_runtime(
-                self.profile, self.policy, engine_policy=self.engine_policy
-            ) as rt:
+            await CappedSite(runner, cfg.host, cfg.port, cfg.limits.max_connections).start()
+            self._say(f"listening on http://{cfg.host}:{cfg.port} (503 until the engine is up)")
+            async with self._runtime() as rt:
                 self._attach(rt)
                 if ready is not None:
                     ready(f"http://{cfg.host}:{cfg.port}")
@@ -281,7 +404,14 @@ class Daemon:
         finally:
             if not cleaned:
                 await runner.cleanup()
+            self.events.close()  # past the drain's time limit the streams were cut anyway
+            if self._closer is not None:
+                self._closer.cancel()
             if self.catalog is not None:
                 self.catalog.close()
+            if self.renderer is not None:
+                self.renderer.close()  # its tokenizer thread
+            for sig in handled:
+                loop.remove_signal_handler(sig)
         assert self.audit is not None
         return self.audit

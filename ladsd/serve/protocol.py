@@ -1,8 +1,9 @@
 """The harness-engine protocol in HEAR's four kinds of message (peers.md section 2).
 
 * **intent** (harness -> engine, a prediction): ``POST /v1/sessions/{id}/intent``
-  ``{"tool", "expected_tool_s", "expected_result_bytes"}``. The next tool wait
-  of the session that calls ``tool`` (or any tool, without ``tool``) is
+  ``{"tool", "expected_tool_s", "expected_result_bytes"}`` on a session that a
+  chat request created (404 otherwise: an intent never creates one). The next
+  tool wait of the session that calls ``tool`` (or any tool, without ``tool``) is
   announced with that timing: ``expected_wait_s`` becomes the notice's ``T_B``
   and the bytes its payload size, instead of the defaults.
 * **requirements / control**: ``POST /v1/sessions/{id}/retention``
@@ -21,6 +22,9 @@
 
 The notice of a tool wait is the replay path's :class:`HistoryNotice`: the
 continuation is the session's next turn, its history the prompt + output ids.
+
+Every route sees only the sessions and events of the caller's tenant (another
+tenant's session is a 404, as one that does not exist).
 """
 
 from __future__ import annotations
@@ -34,10 +38,19 @@ from ladsd import clock
 from ladsd.engine.thread import EngineDead
 from ladsd.records import HistoryNotice, LeaseEventKind
 from ladsd.runtime import prefix_digest
-from ladsd.serve.app import DAEMON, json_response, open_sse, read_json, sse
-from ladsd.serve.chat import session_of
+from ladsd.serve.app import (
+    DAEMON,
+    json_response,
+    open_sse,
+    read_json,
+    sse,
+    tenant_of,
+    write_within,
+)
+from ladsd.serve.chat import _TOOL_NAME, session_of
 from ladsd.serve.errors import ApiError, bad
-from ladsd.serve.sessions import ANY_TOOL, Intent, LeaseView, Session
+from ladsd.serve.events import wire
+from ladsd.serve.sessions import ANY_TOOL, Intent, LeaseView, Session, client_key
 
 if TYPE_CHECKING:
     from ladsd.serve.daemon import Daemon
@@ -52,6 +65,7 @@ MAX_INTENTS = 64  # per session
 MAX_TOOL_S = 3600.0
 MAX_RESULT_BYTES = 64 * 1024 * 1024
 MODES = ("preference", "requirement", "release")
+MAX_BACKLOG_DIGITS = 9  # ?backlog=: more is refused (the hub keeps far fewer anyway)
 
 
 def notice(s: Session, tool: str | None, p: float | None = None) -> HistoryNotice:
@@ -98,8 +112,8 @@ def parse_intent(body: Any) -> Intent:
     if unknown:
         raise bad(f"unknown fields: {', '.join(unknown)}", unknown[0])
     tool = body.get("tool", ANY_TOOL)
-    if not isinstance(tool, str) or not tool:
-        raise bad("'tool' must be a tool name", "tool")
+    if not isinstance(tool, str) or not (tool == ANY_TOOL or _TOOL_NAME.match(tool)):
+        raise bad(f"'tool' must be a tool name ([A-Za-z0-9_-]{{1,64}}) or {ANY_TOOL!r}", "tool")
     secs, size = body.get("expected_tool_s"), body.get("expected_result_bytes")
     if secs is None and size is None:
         raise bad("give expected_tool_s and/or expected_result_bytes")
@@ -123,10 +137,15 @@ def _sid(request: web.Request) -> str:
     return sid
 
 
-async def intent(request: web.Request) -> web.Response:
+def _session(request: web.Request) -> Session:
+    """The caller's session named in the path (404 if the caller has none by that id)."""
     d: Daemon = request.app[DAEMON]
+    return d.sessions.find(_sid(request), tenant_of(request))
+
+
+async def intent(request: web.Request) -> web.Response:
     it = parse_intent(await read_json(request))
-    s = d.sessions.open(_sid(request))
+    s = _session(request)
     if it.tool not in s.intents and len(s.intents) >= MAX_INTENTS:
         raise bad(f"a session keeps at most {MAX_INTENTS} intents", "tool")
     s.intents[it.tool] = it
@@ -144,13 +163,17 @@ async def retention(request: web.Request) -> web.Response:
     mode = body.get("mode") if isinstance(body, dict) else None
     if mode not in MODES:
         raise bad(f"'mode' must be one of {', '.join(MODES)}", "mode")
-    s = d.sessions.find(_sid(request))
+    s = _session(request)
     eng = d.live_engine()
     if mode != "release" and not d.leases_enabled:
         raise ApiError(
             409,
             f"policy {d.policy} runs without leases: nothing can be retained",
             code="leases_disabled",
+        )
+    if s.busy:  # its request may be binding the waiting history right now
+        raise ApiError(
+            409, f"session {s.id!r} has a request in flight", code="session_busy"
         )
     n, view = s.waiting, s.lease
     if n is None or view is None:
@@ -168,7 +191,8 @@ async def retention(request: web.Request) -> web.Response:
     reason = await eng.require(n)
     if reason is not None:
         view.status, view.reason = "refused", reason
-        d.events.publish("refusal", s.id, turn=n.cid.turn, continuation=n.cid.key(), reason=reason)
+        key = client_key(n.cid)
+        d.events.publish("refusal", s.id, turn=n.cid.turn, continuation=key, reason=reason)
         raise ApiError(409, f"the requirement cannot be held now: {reason}", code="refused")
     # Held now; its record (blocks, deadline) comes with the next published state.
     # (Not engine.state(): a direct read could take events from the published stream.)
@@ -180,19 +204,19 @@ async def retention(request: web.Request) -> web.Response:
 
 
 async def session_state(request: web.Request) -> web.Response:
-    d: Daemon = request.app[DAEMON]
-    return json_response(d.sessions.find(_sid(request)).view())
+    return json_response(_session(request).view())
 
 
 async def sessions(request: web.Request) -> web.Response:
     d: Daemon = request.app[DAEMON]
-    return json_response({"object": "list", "data": [s.view() for s in d.sessions]})
+    mine = d.sessions.of(tenant_of(request))
+    return json_response({"object": "list", "data": [s.view() for s in mine]})
 
 
 async def delete_session(request: web.Request) -> web.Response:
     d: Daemon = request.app[DAEMON]
-    s = d.sessions.find(_sid(request))
-    d.sessions.end(s.id)
+    s = _session(request)
+    d.sessions.end(s.id, s.tenant, why="delete")
     return json_response({"id": s.id, "object": "session.deleted", "deleted": True})
 
 
@@ -228,24 +252,33 @@ async def engine_state(request: web.Request) -> web.Response:
 # ---- outcomes ------------------------------------------------------------------------
 
 
+def _backlog(raw: str, keep: int) -> int:
+    """``?backlog=``: ASCII digits (``isdigit`` takes "²"), at most the hub's ``keep``."""
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > MAX_BACKLOG_DIGITS:
+        raise bad(
+            f"'backlog' must be a non-negative integer of at most {MAX_BACKLOG_DIGITS} digits",
+            "backlog",
+        )
+    return min(int(raw), keep)
+
+
 async def events(request: web.Request) -> web.StreamResponse:
-    """SSE of outcomes; ``?session_id=`` filters, ``?backlog=N`` replays the last N first."""
+    """SSE of the caller's outcomes; ``?session_id=`` filters, ``?backlog=N`` replays the
+    last N first. Every refusal (400, 429) comes before the stream opens."""
     d: Daemon = request.app[DAEMON]
     sid = session_of(request.query.get("session_id"), None)
-    raw = request.query.get("backlog", "0")
-    if not raw.isdigit():
-        raise bad("'backlog' must be a non-negative integer", "backlog")
-    resp = await open_sse(request)
+    n = _backlog(request.query.get("backlog", "0"), d.events.backlog.maxlen or 0)
+    sub = d.events.join(sid, n, tenant_of(request))  # 429 past the subscriber cap
     try:
-        async for ev in d.events.subscribe(sid, int(raw)):
-            if ev is None:
-                await resp.write(b": keep-alive\n\n")
-            else:
-                await resp.write(sse(ev, ev["type"]))
+        resp = await open_sse(request)
+        limit = d.cfg.write_timeout_s  # a reader that stops reading loses its subscription
+        async for ev in d.events.follow(sub):
+            data = b": keep-alive\n\n" if ev is None else sse(wire(ev), ev["type"])
+            await write_within(request, resp, data, limit)
         await resp.write_eof()
-    except ConnectionError:  # the reader went away: its subscription ends, nothing to log
-        log.debug("an event reader disconnected")
-    return resp
+        return resp  # a reader that went away: the errors middleware logs it at debug
+    finally:
+        d.events.leave(sub)
 
 
 EVENT_TYPES = (

@@ -9,23 +9,36 @@ When a request ends in a tool call, the session keeps the history that waits
 for the tool (``waiting``: the notice sent to the engine) and the canonical
 turns it renders; the next request whose turns extend them binds that
 continuation (``bound`` while it runs). Ending a session, however it ends
-(``DELETE``, TTL, a client that disconnects, eviction, shutdown), hands every
-continuation it holds to ``release``, which cancels them in the engine.
+(``DELETE``, TTL, eviction, shutdown), hands every continuation it holds to
+``release``, which cancels them in the engine. A client that disconnects
+mid-request does not end its session: the history its request bound waits
+again, for a retry of the same turn (:mod:`.completions`).
 
-The table is bounded: a new session evicts the least recently used idle one;
-when every session is busy the new one is refused (429).
+Sessions belong to the tenant whose key created them (:mod:`.app`): a
+session is named by ``(tenant, id)``, so tenant B's ``s1`` is another session
+than A's ``s1``, invisible to A, and its engine workflow id is
+``<tenant>/<id>`` (agent runs' ids have no ``/``: the two never share one).
+
+The table is bounded, fairly: each tenant holds at most ``max_sessions //
+tenants`` sessions, and a new session evicts the least recently used idle
+session *of its own tenant* (never another tenant's); when every one of them
+is busy it is refused (429).
+
+How a session ended (``ended_by``) decides whether it counts as a completed
+workflow in HEAR's continuation estimate (:meth:`Session.completed`).
 """
 
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ladsd import clock
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, LeaseEventKind
+from ladsd.serve.app import LOCAL
 from ladsd.serve.chat import Piece
 from ladsd.serve.errors import ApiError
 
@@ -70,7 +83,7 @@ class LeaseView:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "continuation": self.cid.key(),
+            "continuation": client_key(self.cid),
             "turn": self.cid.turn,
             "mode": self.mode,
             "status": self.status,
@@ -98,9 +111,34 @@ class Session:
     busy: bool = False
     intents: dict[str, Intent] = field(default_factory=dict)
     lease: LeaseView | None = None  # of the latest waiting history
+    tenant: str = LOCAL  # whose key created it
+    ended_by: str | None = None  # delete | ttl | evicted | shutdown | ...
+    abandoned: bool = False  # its client went away mid-request and no turn came since
+
+    @property
+    def workflow(self) -> str:
+        """The engine's workflow id: unique across tenants, never an agent run's."""
+        return workflow_of(self.tenant, self.id)
+
+    @property
+    def awaits_tool(self) -> bool:
+        """Its last reply was a tool call whose result has not come."""
+        return self.lease is not None and self.lease.cid.turn == self.turn
+
+    def completed(self) -> bool:
+        """A workflow that ended by itself (HEAR learns its call count from these only).
+
+        Ended idle, after at least one call, on an answer (not a tool call left
+        waiting), by the client's DELETE or by idle expiry (the client never came
+        back: its last call was its last). Not an eviction or the shutdown (it
+        might have gone on), a client gone mid-request, or a tool wait abandoned.
+        """
+        ended_well = self.ended_by in ("delete", "ttl")
+        done = self.turn > 0 and not (self.busy or self.awaits_tool or self.abandoned)
+        return ended_well and done
 
     def cid(self, turn: int) -> ContinuationId:
-        return ContinuationId(self.id, turn, self.version)
+        return ContinuationId(self.workflow, turn, self.version)
 
     def held(self) -> list[ContinuationId]:
         """Continuations this session may hold engine state for."""
@@ -127,8 +165,18 @@ class Session:
         }
 
 
+def workflow_of(tenant: str, sid: str) -> str:
+    return f"{tenant}/{sid}"
+
+
+def client_key(cid: ContinuationId) -> str:
+    """``cid`` as its client names it, ``<session id>/<turn>/<version>``: without the
+    tenant (an agent run's workflow has none to drop)."""
+    return cid.key().partition("/")[2] if "/" in cid.workflow else cid.key()
+
+
 class SessionTable:
-    """At most ``max_sessions`` sessions, in least-recently-used order."""
+    """At most ``max_sessions`` sessions (``per_tenant`` each), in least-recently-used order."""
 
     def __init__(
         self,
@@ -136,14 +184,17 @@ class SessionTable:
         ttl_s: float,
         release: Callable[[Session], None],
         now: Callable[[], float] = clock.now,
+        tenants: int = 1,
     ) -> None:
-        if max_sessions < 1 or ttl_s <= 0:
-            raise ValueError("need max_sessions >= 1 and ttl_s > 0")
+        if max_sessions < 1 or ttl_s <= 0 or tenants < 1:
+            raise ValueError("need max_sessions >= 1, ttl_s > 0 and tenants >= 1")
         self.max_sessions = max_sessions
+        self.per_tenant = max(1, max_sessions // tenants)
         self.ttl_s = ttl_s
         self.release = release
         self.now = now
-        self._table: OrderedDict[str, Session] = OrderedDict()
+        self._table: OrderedDict[str, Session] = OrderedDict()  # by workflow id
+        self._held: Counter[str] = Counter()  # tenant -> its sessions
         self._versions = itertools.count(1)
         self.ended = 0  # sessions ended (any way)
 
@@ -153,65 +204,88 @@ class SessionTable:
     def __iter__(self) -> Iterator[Session]:
         return iter(list(self._table.values()))
 
-    def get(self, sid: str) -> Session | None:
-        return self._table.get(sid)
+    def of(self, tenant: str) -> list[Session]:
+        """``tenant``'s sessions, least recently used first."""
+        return [s for s in self._table.values() if s.tenant == tenant]
 
-    def find(self, sid: str) -> Session:
-        s = self._table.get(sid)
+    def get(self, sid: str, tenant: str = LOCAL) -> Session | None:
+        return self._table.get(workflow_of(tenant, sid))
+
+    def find(self, sid: str, tenant: str = LOCAL) -> Session:
+        """``tenant``'s session ``sid``; 404 if it has none (another tenant's is none)."""
+        s = self.get(sid, tenant)
         if s is None:
             raise ApiError(404, f"no session {sid!r}", param="session_id", code="session_not_found")
         return s
 
-    def open(self, sid: str) -> Session:
-        """The session ``sid``, created if new (evicting the least recently used idle one)."""
-        s = self._table.get(sid)
+    def open(self, sid: str, tenant: str = LOCAL) -> Session:
+        """``tenant``'s session ``sid``, created if new (evicting the tenant's least
+        recently used idle session when the tenant, or the table, is full)."""
+        key = workflow_of(tenant, sid)
+        s = self._table.get(key)
         now = self.now()
         if s is not None:
-            self._table.move_to_end(sid)
+            self._table.move_to_end(key)
             s.last_used = now
             return s
-        if len(self._table) >= self.max_sessions:
-            idle = next((x for x in self._table.values() if not x.busy), None)
+        if self._held[tenant] >= self.per_tenant or len(self._table) >= self.max_sessions:
+            idle = next((x for x in self.of(tenant) if not x.busy), None)
             if idle is None:
                 raise ApiError(
                     429,
-                    f"all {self.max_sessions} sessions are busy",
+                    f"all {self._held[tenant]} sessions of this key are busy "
+                    f"(at most {self.per_tenant} per tenant, {self.max_sessions} in all)",
                     code="sessions_full",
                     headers={"Retry-After": "1"},
                 )
-            self.end(idle.id)
-        s = Session(sid, next(self._versions), created=now, last_used=now)
-        self._table[sid] = s
+            self._end(idle, "evicted")
+        s = Session(sid, next(self._versions), created=now, last_used=now, tenant=tenant)
+        self._table[key] = s
+        self._held[tenant] += 1
         return s
 
     def touch(self, s: Session) -> None:
         s.last_used = self.now()
-        if s.id in self._table:
-            self._table.move_to_end(s.id)
+        if s.workflow in self._table:
+            self._table.move_to_end(s.workflow)
 
-    def end(self, sid: str) -> Session | None:
-        """Remove ``sid`` and release everything it holds (idempotent)."""
-        s = self._table.pop(sid, None)
+    def holds(self, s: Session) -> bool:
+        """``s`` itself is still in the table (not ended, not replaced by a newer session)."""
+        return self._table.get(s.workflow) is s
+
+    def end(self, sid: str, tenant: str = LOCAL, why: str = "ended") -> Session | None:
+        """Remove ``tenant``'s ``sid`` and release everything it holds (idempotent)."""
+        s = self.get(sid, tenant)
         if s is not None:
-            self.ended += 1
-            self.release(s)
-            s.waiting = s.bound = None
+            self._end(s, why)
         return s
 
-    def expire(self) -> list[str]:
-        """End the sessions idle for longer than the TTL."""
-        cut = self.now() - self.ttl_s
-        old = [s.id for s in self._table.values() if not s.busy and s.last_used < cut]
-        for sid in old:
-            self.end(sid)
-        return old
+    def _end(self, s: Session, why: str) -> None:
+        if self._table.get(s.workflow) is not s:
+            return  # already ended (a newer session may hold the id now)
+        del self._table[s.workflow]
+        self._held[s.tenant] -= 1
+        if not self._held[s.tenant]:
+            del self._held[s.tenant]
+        self.ended += 1
+        s.ended_by = why
+        self.release(s)
+        s.waiting = s.bound = None
 
-    def end_all(self) -> None:
-        for sid in list(self._table):
-            self.end(sid)
+    def expire(self) -> list[str]:
+        """End the sessions idle for longer than the TTL (their ids)."""
+        cut = self.now() - self.ttl_s
+        old = [s for s in self._table.values() if not s.busy and s.last_used < cut]
+        for s in old:
+            self._end(s, "ttl")
+        return [s.id for s in old]
+
+    def end_all(self, why: str = "shutdown") -> None:
+        for s in list(self._table.values()):
+            self._end(s, why)
 
     def owner(self, cid: ContinuationId) -> Session | None:
-        s = self._table.get(cid.workflow)
+        s = self._table.get(cid.workflow)  # keyed by workflow id
         return s if s is not None and s.version == cid.version else None
 
     def observe(self, state: EngineState) -> None:

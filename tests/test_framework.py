@@ -1,0 +1,240 @@
+"""An agent framework users already use, unchanged, drives a tool-using conversation
+against a real ``ladsd serve`` subprocess on SmolLM2-135M: the OpenAI Agents SDK
+(``openai-agents``) with a function tool, streaming on (``Runner.run_streamed``).
+
+Nothing leaves the machine: the SDK's tracing is off (``set_tracing_disabled`` and
+``OPENAI_AGENTS_DISABLE_TRACING``), its client points at 127.0.0.1 only (and so does
+``OPENAI_BASE_URL``, for any client it might make itself).
+
+The model is tiny and weak, so the test is made deterministic where it can be
+(temperature 0, ``tool_choice="required"`` on the first turn: the SDK resets it after a
+tool call) and bounded (``max_turns``); it checks structure, not wording: the tool ran
+with parsed arguments, the tool result came back through the framework (the second
+request carried the tool message: the daemon bound the session's waiting history), and
+the run ended with a final output or at the turn bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.engine
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+START_S = 600  # hang guards only: this machine may be shared and slow
+CALL_S = 300
+BLOCK = 32
+POOL = ["--kv-blocks", "40", "--max-model-len", "1024", "--headroom-blocks", "16"]
+POOL += ["--lease-s", "120"]
+SESSION = "agents-sdk"
+
+
+class Server:
+    """``ladsd serve`` in a subprocess; its output goes to a file (no pipe to fill)."""
+
+    def __init__(self, *flags: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+        cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(self.port), *flags]
+        self.proc = subprocess.Popen(
+            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy()
+        )
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text()
+
+    def wait_ready(self) -> Server:
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"ladsd serve exited {self.proc.returncode}:\n{self.output()}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.3)
+        pytest.fail(f"ladsd serve not healthy after {START_S} s:\n{self.output()}")
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(f"{self.base}{path}", timeout=CALL_S) as r:
+            return json.loads(r.read())
+
+    def completions(self, session: str, n: int) -> list[dict[str, Any]]:
+        """The session's first ``n`` completion events (``/v1/events`` backlog, then live)."""
+        url = f"{self.base}/v1/events?session_id={session}&backlog=1000"
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + CALL_S  # a hang guard (heartbeats come every 15 s)
+        with urllib.request.urlopen(url, timeout=CALL_S) as r:
+            for line in r:
+                if line.startswith(b"data: "):
+                    ev = json.loads(line[6:])
+                    if ev["type"] == "completion":
+                        seen.append(ev)
+                if len(seen) >= n or time.monotonic() > deadline:
+                    break
+        return seen
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=START_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def close(self) -> None:
+        self.stop()
+        self.log.close()
+        os.unlink(self.log.name)
+
+
+@pytest.fixture(scope="module")
+def srv(model_ready) -> Iterator[Server]:
+    s = Server("--model", MODEL, "--policy", "lads", *POOL)
+    try:
+        yield s.wait_ready()
+    finally:
+        rc = s.stop()
+        out = s.output()
+        s.close()
+    assert rc == 0, out
+    assert "audit balanced" in out, out
+
+
+def loopback(address: Any) -> bool:
+    """An address on this machine (AF_UNIX paths are not tuples)."""
+    if not isinstance(address, tuple):
+        return True
+    host = str(address[0])
+    return host.startswith("127.") or host in ("::1", "localhost")
+
+
+@pytest.fixture
+def local_only(srv: Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The SDK's tracing off; any default OpenAI client it makes points at the daemon;
+    a connection to anywhere but loopback from this process is refused and fails the test."""
+    monkeypatch.setenv("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{srv.base}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "unused")
+    from agents import set_tracing_disabled
+
+    set_tracing_disabled(True)
+    off: list[Any] = []
+
+    def guarded(real: Any) -> Any:
+        def connect(self: socket.socket, address: Any) -> Any:
+            if not loopback(address):
+                off.append(address)
+                raise ConnectionRefusedError(f"not on loopback: {address}")
+            return real(self, address)
+
+        return connect
+
+    monkeypatch.setattr(socket.socket, "connect", guarded(socket.socket.connect))
+    monkeypatch.setattr(socket.socket, "connect_ex", guarded(socket.socket.connect_ex))
+    yield
+    assert not off, f"connections off the machine: {off}"
+
+
+async def run_agent(
+    srv: Server, session: str, output_type: Any = None
+) -> tuple[list[str], list[str], str, Any]:
+    """One streamed run of a weather agent: (cities the tool ran for, event kinds,
+    outcome, final output)."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool
+    from agents.exceptions import MaxTurnsExceeded
+    from openai import AsyncOpenAI
+
+    ran: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Current weather in a city.
+
+        Args:
+            city: The city's name.
+        """
+        ran.append(city)
+        return f"Sunny, 21 C in {city}."
+
+    client = AsyncOpenAI(base_url=f"{srv.base}/v1", api_key="unused", max_retries=0,
+                         timeout=CALL_S)  # fmt: skip
+    agent = Agent(
+        name="Weather",
+        instructions="You are a helpful assistant. Use the tools when they help.",
+        tools=[get_weather],
+        output_type=output_type,
+        model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client),
+        model_settings=ModelSettings(
+            tool_choice="required",  # the first turn calls the tool (the SDK resets it after)
+            temperature=0,
+            max_tokens=40,
+            extra_headers={"x-session-id": session},
+        ),
+    )
+    result = Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=3)
+    kinds: list[str] = []
+    outcome = "finished"
+    try:
+        async for ev in result.stream_events():
+            kinds.append(ev.type if ev.type != "run_item_stream_event" else ev.name)
+    except MaxTurnsExceeded:
+        outcome = "max_turns"  # the weak model kept calling: the bound ended the run
+    finally:
+        await client.close()
+    return ran, kinds, outcome, result.final_output if outcome == "finished" else None
+
+
+def check_tool_round_trip(srv: Server, session: str, ran: list[str], kinds: list[str]) -> None:
+    """The tool ran with parsed arguments and its result went back through the framework:
+    the second request carried the tool message after the echoed call (ids unchanged),
+    so it extended the session's waiting history, cached."""
+    assert ran and all(isinstance(c, str) and c for c in ran), ran
+    assert "tool_called" in kinds and "tool_output" in kinds
+    assert kinds.count("raw_response_event") > 2  # streamed: chunks, not one body
+    first, second = srv.completions(session, 2)
+    assert first["turn"] == 0 and first["finish_reason"] == "tool_calls"
+    assert second["turn"] == 1 and second["bound"] is not None
+    history = first["prompt_tokens"] + first["completion_tokens"]
+    assert second["prompt_tokens"] > history  # + the tool message (and the header)
+    assert second["cached_tokens"] >= history - BLOCK
+    assert srv.get(f"/v1/sessions/{session}")["turn"] >= 2
+
+
+async def test_openai_agents_sdk_runs_a_tool_conversation_streamed(srv: Server, local_only):
+    ran, kinds, outcome, final = await run_agent(srv, SESSION)
+    check_tool_round_trip(srv, SESSION, ran, kinds)
+    assert outcome == "max_turns" or isinstance(final, str)
+
+
+async def test_agents_sdk_output_type_with_tools(srv: Server, local_only):
+    """``Agent(tools=..., output_type=...)`` sends ``response_format`` with tools (refused
+    with 400 before): the answer, if the model gives one, is JSON of the type's schema."""
+    from pydantic import BaseModel, Field
+
+    class Report(BaseModel):
+        city: str = Field(max_length=20)
+        sky: str = Field(max_length=20)
+
+    ran, kinds, outcome, final = await run_agent(srv, "agents-sdk-typed", Report)
+    check_tool_round_trip(srv, "agents-sdk-typed", ran, kinds)
+    assert outcome == "max_turns" or isinstance(final, Report)
