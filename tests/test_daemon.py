@@ -21,30 +21,11 @@ import pytest_asyncio
 from ladsd.config import PROFILES
 from ladsd.engine.leases import LeaseScheduler
 from ladsd.serve.daemon import Daemon, ServeConfig
-from tests.helpers import FORCE, free_port, weather_tool
+from tests.helpers import FORCE, Api, free_port, running, weather_tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="module")]
 GUARD_S = 120  # hang guard only
 WEATHER = weather_tool(max_len=8)
-
-
-class Api:
-    def __init__(self, base: str, http: aiohttp.ClientSession) -> None:
-        self.base, self.http = base, http
-
-    async def call(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
-        async with self.http.request(method, self.base + path, **kw) as r:
-            text = await r.text()
-            try:
-                return r.status, json.loads(text)
-            except json.JSONDecodeError:
-                return r.status, text
-
-    async def chat(self, session: str | None = None, **body: Any) -> tuple[int, Any]:
-        b = {"model": "tiny", "max_tokens": 4, "temperature": 0} | body
-        b.setdefault("messages", [{"role": "user", "content": "hello"}])
-        headers = {"x-session-id": session} if session else {}
-        return await self.call("POST", "/v1/chat/completions", json=b, headers=headers)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -52,13 +33,8 @@ async def daemon(model_ready) -> AsyncIterator[Daemon]:
     prof = PROFILES["smoke"]
     prof = replace(prof, lease=replace(prof.lease, lease_lifetime_s=60.0))
     d = Daemon(prof, "lads", ServeConfig(port=free_port(), max_waiting=2))
-    up = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(d.run(up.set_result))
-    await asyncio.wait_for(up, GUARD_S)
-    yield d
-    d.stop()
-    audit = await asyncio.wait_for(task, GUARD_S)
-    assert audit["refs_added"] == audit["refs_released"]
+    async with running(d, GUARD_S):
+        yield d
 
 
 @pytest_asyncio.fixture(loop_scope="module")

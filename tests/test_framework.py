@@ -17,94 +17,39 @@ the run ended with a final output or at the turn bound.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import free_port
+from tests.helpers import CALL_S, Server
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
-START_S = 600  # hang guards only: this machine may be shared and slow
-CALL_S = 300
 BLOCK = 32
 POOL = ["--kv-blocks", "40", "--max-model-len", "1024", "--headroom-blocks", "16"]
 POOL += ["--lease-s", "120"]
 SESSION = "agents-sdk"
 
 
-class Server:
-    """``ladsd serve`` in a subprocess; its output goes to a file (no pipe to fill)."""
-
-    def __init__(self, *flags: str) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(self.port), *flags]
-        self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy()
-        )
-
-    def output(self) -> str:
-        return Path(self.log.name).read_text()
-
-    def wait_ready(self) -> Server:
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"ladsd serve exited {self.proc.returncode}:\n{self.output()}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.3)
-        pytest.fail(f"ladsd serve not healthy after {START_S} s:\n{self.output()}")
-
-    def get(self, path: str) -> Any:
-        with urllib.request.urlopen(f"{self.base}{path}", timeout=CALL_S) as r:
-            return json.loads(r.read())
-
-    def completions(self, session: str, n: int) -> list[dict[str, Any]]:
-        """The session's first ``n`` completion events (``/v1/events`` backlog, then live)."""
-        url = f"{self.base}/v1/events?session_id={session}&backlog=1000"
-        seen: list[dict[str, Any]] = []
-        deadline = time.monotonic() + CALL_S  # a hang guard (heartbeats come every 15 s)
-        with urllib.request.urlopen(url, timeout=CALL_S) as r:
-            for line in r:
-                if line.startswith(b"data: "):
-                    ev = json.loads(line[6:])
-                    if ev["type"] == "completion":
-                        seen.append(ev)
-                if len(seen) >= n or time.monotonic() > deadline:
-                    break
-        return seen
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=START_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def close(self) -> None:
-        self.stop()
-        self.log.close()
-        os.unlink(self.log.name)
+def completions(srv: Server, session: str, n: int) -> list[dict[str, Any]]:
+    """The session's first ``n`` completion events (``/v1/events`` backlog, then live)."""
+    url = f"{srv.base}/v1/events?session_id={session}&backlog=1000"
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + CALL_S  # a hang guard (heartbeats come every 15 s)
+    with urllib.request.urlopen(url, timeout=CALL_S) as r:
+        for line in r:
+            if line.startswith(b"data: "):
+                ev = json.loads(line[6:])
+                if ev["type"] == "completion":
+                    seen.append(ev)
+            if len(seen) >= n or time.monotonic() > deadline:
+                break
+    return seen
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +156,7 @@ def check_tool_round_trip(srv: Server, session: str, ran: list[str], kinds: list
     assert ran and all(isinstance(c, str) and c for c in ran), ran
     assert "tool_called" in kinds and "tool_output" in kinds
     assert kinds.count("raw_response_event") > 2  # streamed: chunks, not one body
-    first, second = srv.completions(session, 2)
+    first, second = completions(srv, session, 2)
     assert first["turn"] == 0 and first["finish_reason"] == "tool_calls"
     assert second["turn"] == 1 and second["bound"] is not None
     history = first["prompt_tokens"] + first["completion_tokens"]

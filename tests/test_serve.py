@@ -20,122 +20,23 @@ lease expires while this machine is slow: no test depends on timing).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers import FORCE, free_port, weather_tool
+from tests.helpers import CALL_S, FORCE, Server, weather_tool
 
 pytestmark = pytest.mark.engine
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
-START_S = 600  # hang guards only: this machine may be shared and slow
-CALL_S = 300
 BLOCK = 32
 POOL = ["--kv-blocks", "40", "--max-model-len", "1024", "--headroom-blocks", "16"]
 POOL += ["--lease-s", "120"]
 WEATHER = weather_tool("Current weather in a city.", max_len=20)
 SYSTEM = "You are a helpful assistant. Use the tools when they help."
-
-
-class Server:
-    """``ladsd serve`` in a subprocess; its output goes to a file (no pipe to fill)."""
-
-    def __init__(self, *flags: str) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-        cmd = [sys.executable, "-m", "cli.main", "serve", "--port", str(self.port), *flags]
-        self.proc = subprocess.Popen(
-            cmd, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=os.environ.copy()
-        )
-
-    def output(self) -> str:
-        return Path(self.log.name).read_text()
-
-    def wait_ready(self) -> Server:
-        deadline = time.monotonic() + START_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"ladsd serve exited {self.proc.returncode}:\n{self.output()}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.3)
-        pytest.fail(f"ladsd serve not healthy after {START_S} s:\n{self.output()}")
-
-    def client(self, **kw: Any) -> openai.OpenAI:
-        return openai.OpenAI(
-            base_url=f"{self.base}/v1", api_key="unused", max_retries=0, timeout=CALL_S, **kw
-        )
-
-    def http(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"{self.base}{path}", data=data, method=method)
-        req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=CALL_S) as r:
-                raw, status = r.read(), r.status
-        except urllib.error.HTTPError as e:
-            raw, status = e.read(), e.code
-        try:
-            return status, json.loads(raw)
-        except json.JSONDecodeError:
-            return status, raw.decode()
-
-    def get(self, path: str) -> Any:
-        status, out = self.http("GET", path)
-        assert status == 200, (path, status, out)
-        return out
-
-    def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=CALL_S) as r:
-            text = r.read().decode()
-        return {f.name: f.samples[0].value for f in text_string_to_metric_families(text)}
-
-    def events(self, session: str, until: set[str]) -> list[dict[str, Any]]:
-        """Read ``/v1/events`` for ``session`` (its backlog first) until every kind in
-        ``until`` was seen."""
-        url = f"{self.base}/v1/events?session_id={session}&backlog=1000"
-        seen: list[dict[str, Any]] = []
-        deadline = time.monotonic() + CALL_S  # a hang guard (heartbeats come every 15 s)
-        with urllib.request.urlopen(url, timeout=CALL_S) as r:
-            for line in r:
-                if line.startswith(b"data: "):
-                    seen.append(json.loads(line[6:]))
-                if until <= {e["type"] for e in seen} or time.monotonic() > deadline:
-                    break
-        return seen
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout=START_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def close(self) -> None:
-        self.stop()
-        self.log.close()
-        os.unlink(self.log.name)
 
 
 def serve(*flags: str, pool: list[str] = POOL) -> Iterator[Server]:

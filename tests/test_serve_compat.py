@@ -11,7 +11,6 @@ needs one branch of the output (the grammar masks every token the branch does no
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,7 +25,7 @@ from ladsd.serve import chat
 from ladsd.serve.chat import Reply, ToolCall
 from ladsd.serve.envelope import MAX_DEPTH, Decoder, obj_depth, text_depth
 from ladsd.serve.errors import ApiError
-from tests.helpers import FORCE, free_port, weather_tool
+from tests.helpers import FORCE, free_port, running, weather_tool
 
 WEATHER = weather_tool(max_len=8)
 GUARD_S = 120  # hang guard only
@@ -387,13 +386,8 @@ async def daemon(model_ready) -> AsyncIterator[Any]:
     from ladsd.serve.daemon import Daemon, ServeConfig
 
     d = Daemon(PROFILES["smoke"], "lads", ServeConfig(port=free_port()))
-    up = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(d.run(up.set_result))
-    await asyncio.wait_for(up, GUARD_S)
-    yield d
-    d.stop()
-    audit = await asyncio.wait_for(task, GUARD_S)
-    assert audit["refs_added"] == audit["refs_released"]
+    async with running(d, GUARD_S):
+        yield d
 
 
 @pytest_asyncio.fixture(loop_scope="module")

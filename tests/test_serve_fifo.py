@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_serve import BLOCK, MODEL, ROOT, Server, lease_run, serve, wait_for
+from tests.helpers import ROOT, Server
+from tests.test_serve import BLOCK, MODEL, lease_run, serve, wait_for
 
 pytestmark = pytest.mark.engine
 

@@ -19,7 +19,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.test_serve import FORCE, MODEL, SYSTEM, WEATHER, Server, serve, wait_for
+from tests.helpers import FORCE, Server
+from tests.test_serve import MODEL, SYSTEM, WEATHER, serve, wait_for
 
 # slow: ~45 s on a quiet 2-core machine, ~9 min when it is shared; too much for CI's budget.
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -28,7 +28,7 @@ from ladsd.engine.params import sampling
 from ladsd.engine.thread import _END, StreamQueue, _Done
 from ladsd.serve import completions
 from ladsd.serve.daemon import Daemon, ServeConfig
-from tests.helpers import FORCE, free_port, weather_tool
+from tests.helpers import FORCE, Api, free_port, weather_tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="module")]
 GUARD_S = 240  # hang guard only: this machine is shared and may be slow
@@ -36,25 +36,6 @@ WEATHER = weather_tool(max_len=8)
 BLOCK = 32
 # A stream long enough to fill a small socket's buffers many times over (~170 bytes a token).
 LONG = {"max_tokens": 3000, "min_tokens": 3000, "ignore_eos": True, "stream": True}
-
-
-class Api:
-    def __init__(self, base: str, http: aiohttp.ClientSession) -> None:
-        self.base, self.http = base, http
-
-    async def call(self, method: str, path: str, **kw: Any) -> tuple[int, Any]:
-        async with self.http.request(method, self.base + path, **kw) as r:
-            text = await r.text()
-            try:
-                return r.status, json.loads(text)
-            except json.JSONDecodeError:
-                return r.status, text
-
-    async def chat(self, session: str | None = None, **body: Any) -> tuple[int, Any]:
-        b = {"model": "tiny", "max_tokens": 4, "temperature": 0} | body
-        b.setdefault("messages", [{"role": "user", "content": "hello"}])
-        headers = {"x-session-id": session} if session else {}
-        return await self.call("POST", "/v1/chat/completions", json=b, headers=headers)
 
 
 @dataclass

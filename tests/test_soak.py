@@ -27,7 +27,7 @@ from ladsd.config import PROFILES
 from ladsd.engine.thread import DAEMON_UPKEEP
 from ladsd.serve.agents import MAX_RUNS
 from ladsd.serve.daemon import Daemon, ServeConfig
-from tests.helpers import FORCE, free_port, weather_tool
+from tests.helpers import FORCE, free_port, running, weather_tool
 
 pytestmark = [pytest.mark.engine, pytest.mark.asyncio(loop_scope="module")]
 GUARD_S = 300  # hang guards only
@@ -44,13 +44,8 @@ async def daemon(model_ready) -> AsyncIterator[Daemon]:
     prof = replace(SMOKE, lease=replace(SMOKE.lease, lease_lifetime_s=3.0))
     cfg = ServeConfig(port=free_port(), session_ttl_s=0.5)
     d = Daemon(prof, "lads", cfg, upkeep=replace(DAEMON_UPKEEP, timeline_samples=TIMELINE))
-    up = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(d.run(up.set_result))
-    await asyncio.wait_for(up, GUARD_S)
-    yield d
-    d.stop()
-    audit = await asyncio.wait_for(task, GUARD_S)
-    assert audit["refs_added"] == audit["refs_released"]
+    async with running(d, GUARD_S):
+        yield d
 
 
 class Client:
