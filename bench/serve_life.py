@@ -8,12 +8,13 @@ Usage (from the repository root; one server runs at a time, the order alternates
 Both servers serve the same model (default SmolLM2-135M-Instruct, real weights, from
 ``ladsd.engine.models.model_path``) with the same engine settings: the ``--profile``'s
 (default ``cpu``) max_model_len, block size, step tokens, pool (``--kv-blocks``),
-batch (``--max-num-seqs``), dtype (``auto``: the model's), eager mode, 1 GiB of KV
-space, prefix caching on. Stock vLLM runs as ``python -m vllm.entrypoints.openai.api_server``
-(the ``vllm`` console script fails on the CPU build) with its own default of an engine
-core in a child process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``); ``ladsd serve`` steps
-its engine in-process (it sets that variable to 0). Hub access is off
-(``HF_HUB_OFFLINE=1``).
+batch (``--max-num-seqs``), dtype (``--dtype``, default ``auto``, resolved here by
+ladsd's rule, ``ladsd.engine.cpu``: bfloat16 where the CPU has native bf16, else
+float32, and passed explicitly to both), eager mode, 1 GiB of KV space, prefix caching
+on. Stock vLLM runs as ``python -m vllm.entrypoints.openai.api_server`` (the ``vllm``
+console script fails on the CPU build) with its own default of an engine core in a
+child process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``); ``ladsd serve`` steps its engine
+in-process (it sets that variable to 0). Hub access is off (``HF_HUB_OFFLINE=1``).
 
 Per start (figures, never assertions):
 
@@ -56,8 +57,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from ladsd.config import PROFILES  # noqa: E402
-from ladsd.engine import models  # noqa: E402
+from ladsd.config import PROFILES, has_cuda  # noqa: E402
+from ladsd.engine import cpu, models  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "serve-life"
 START_TIMEOUT_S = 900.0  # hang guard: a first start measures kappa on a slow CPU
@@ -118,20 +119,15 @@ def rss_mib(pids: list[int]) -> float:
     return kib / 1024
 
 
-def cpu_info() -> dict[str, Any]:
-    model, flags = "", []
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() == "model name" and not model:
-                model = v.strip()
-            elif k.strip() == "flags" and not flags:
-                flags = v.split()
-    except OSError:
-        pass
-    model = model or platform.processor() or platform.machine()
-    notable = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return {"model": model, "notable_flags": notable, "flags": flags, "cpus": os.cpu_count()}
+def cpu_dict() -> dict[str, Any]:
+    info = cpu.cpu_info()
+    return {
+        "model": info.model,
+        "notable_flags": info.notable(),
+        "bf16_native": info.native_bf16,
+        "flags": list(info.flags),
+        "cpus": os.cpu_count(),
+    }
 
 
 # ---- the two servers -------------------------------------------------------------------
@@ -139,6 +135,9 @@ def cpu_info() -> dict[str, Any]:
 
 def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
     eng = PROFILES[args.profile].engine
+    # Both servers get the dtype ladsd would pick, explicitly: vLLM's own "auto" keeps
+    # the model's bf16 on a CPU that only emulates it.
+    dtype = cpu.resolve_dtype(args.dtype or eng.dtype, has_cuda(), cpu.cpu_info().flags)
     return {
         "model_path": str(models.model_path(args.model)),
         "max_model_len": args.max_model_len or eng.max_model_len,
@@ -146,7 +145,7 @@ def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
         "max_num_batched_tokens": eng.max_num_batched_tokens,
         "num_gpu_blocks_override": args.kv_blocks or eng.num_gpu_blocks_override,
         "max_num_seqs": args.max_num_seqs or eng.max_num_seqs,
-        "dtype": eng.dtype,
+        "dtype": dtype,
         "kv_cache_memory_bytes": eng.kv_cache_memory_bytes or 2**30,
         "enforce_eager": True if eng.enforce_eager is None else eng.enforce_eager,
         "seed": eng.seed,
@@ -158,7 +157,7 @@ def ladsd_command(args: argparse.Namespace, port: int, e: dict[str, Any]) -> lis
     cmd += ["--profile", args.profile, "--model", args.model, "--policy", args.policy]
     cmd += ["--kv-blocks", str(e["num_gpu_blocks_override"])]
     cmd += ["--max-num-seqs", str(e["max_num_seqs"]), "--max-model-len", str(e["max_model_len"])]
-    return cmd
+    return cmd + ["--dtype", e["dtype"]]
 
 
 def vllm_command(args: argparse.Namespace, port: int, e: dict[str, Any]) -> list[str]:
@@ -332,6 +331,13 @@ async def main() -> None:
     ap.add_argument("--kv-blocks", type=int, default=None, help="KV pool (blocks) of both")
     ap.add_argument("--max-num-seqs", type=int, default=None)
     ap.add_argument("--max-model-len", type=int, default=None)
+    ap.add_argument(
+        "--dtype",
+        choices=cpu.DTYPES,
+        default=None,
+        help="engine dtype of both [default: the profile's, auto]; auto resolves by "
+        "ladsd's rule (native bf16: bfloat16, else float32)",
+    )
     ap.add_argument("--servers", default="ladsd,vllm", help="which to run (first goes first)")
     ap.add_argument("--cold-kappa", action="store_true", help="a fresh LADSD_HOME every start")
     ap.add_argument("--no-pin", action="store_true", help="ladsd from the working tree, not HEAD")
@@ -352,8 +358,12 @@ async def main() -> None:
         "flags": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "argv": sys.argv[1:],
         "engine": e,
-        "dtype": {"asked": e["dtype"], "model_config": model_dtype(e["model_path"])},
-        "machine": {"platform": platform.platform(), "cpu": cpu_info()},
+        "dtype": {
+            "asked": args.dtype or PROFILES[args.profile].engine.dtype,
+            "resolved": e["dtype"],  # what both servers were given
+            "model_config": model_dtype(e["model_path"]),
+        },
+        "machine": {"platform": platform.platform(), "cpu": cpu_dict()},
         "ladsd_from": "working tree" if args.no_pin else "HEAD (git archive)",
         "runs": [],
     }

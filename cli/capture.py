@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cli.replay import dtype_option, parse_dtype
 from ladsd import clock, logs
 from ladsd.workloads import trace as tr
 from ladsd.workloads.trace import CallRecord, Trace, WorkflowRecord
@@ -197,6 +198,7 @@ def tasks_cmd(
     policy: str = typer.Option("fifo", help="Delivery policy of the link backend."),
     model: str = typer.Option("smollm2-135m", help="Model profile (see `ladsd model list`)."),
     max_model_len: int = typer.Option(8192, help="Context limit in tokens."),
+    dtype: str = dtype_option("auto"),
     verbose: bool = typer.Option(
         False, "--verbose", "-v", help="Show vLLM's and torch's logs (always in the log file)."
     ),
@@ -204,6 +206,7 @@ def tasks_cmd(
     """Run the shopping tasks concurrently as ReAct workflows; write the trace."""
     from web_catalog.tasks import TaskFileError, load_tasks
 
+    dtype = parse_dtype(dtype)
     if backend not in ("link", "direct"):
         console.print(f"[red]error:[/red] unknown backend {escape(repr(backend))} (link or direct)")
         raise typer.Exit(1)
@@ -234,7 +237,7 @@ def tasks_cmd(
         except ValueError as e:
             console.print(f"[red]error:[/red] {escape(str(e))}")
             raise typer.Exit(1) from None
-        engine = EngineConfig(model=model, max_model_len=max_model_len, seed=seed)
+        engine = EngineConfig(model=model, max_model_len=max_model_len, seed=seed, dtype=dtype)
 
         def factory():  # noqa: ANN202 - an async context manager yielding a Backend
             if backend == "direct":

@@ -68,6 +68,7 @@ def serve(
     max_num_seqs: int = typer.Option(None, help="Engine batch size m [default: the profile's]."),
     headroom_blocks: int = typer.Option(None, help="Lease headroom H [default: the profile's]."),
     lease_s: float = typer.Option(None, help="Lease lifetime l in seconds [default: profile's]."),
+    dtype: str = replay_cmd.dtype_option(),
     max_waiting: int = typer.Option(
         64, help="Chat requests admitted beyond the m running ones; more get 429."
     ),
@@ -127,6 +128,7 @@ def serve(
     prof = _serve_profile(
         profile, model, kv_blocks, max_model_len, max_num_seqs, headroom_blocks, lease_s
     )
+    prof = replay_cmd.with_dtype(prof, dtype)
     with logs.session("serve", verbose) as log:
         _stop_while_starting()  # the imports and the model load take a while
         import uvloop

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -15,6 +16,7 @@ from rich.markup import escape
 from cli.progress import RunProgress, clock
 from ladsd import logs
 from ladsd.config import PROFILES, Profile
+from ladsd.engine import cpu
 from ladsd.metrics import events, summary, table
 from ladsd.metrics.events import POLICIES as REPLAY_POLICIES
 from ladsd.modes import EnginePolicy
@@ -40,6 +42,30 @@ PEERS_HELP = (
     f"Add the neighbouring designs ({', '.join(planning.PEERS)}; README, Peers), "
     "once per seed, and their tables."
 )
+
+
+def dtype_option(default: str = "the profile's, auto") -> Any:
+    """``--dtype`` of every command that builds an engine (None: the profile's)."""
+    return typer.Option(None, help=f"{cpu.DTYPE_HELP} [default: {default}]")
+
+
+def parse_dtype(dtype: str | None, default: str = "auto") -> str:
+    """A ``--dtype`` value checked (None: ``default``)."""
+    if dtype is None:
+        return default
+    if dtype not in cpu.DTYPES:
+        raise typer.BadParameter(
+            f"unknown dtype {dtype!r}; choose from {', '.join(cpu.DTYPES)}", param_hint="--dtype"
+        )
+    return dtype
+
+
+def with_dtype(prof: Profile, dtype: str | None) -> Profile:
+    """``prof`` with its engine's dtype set to ``dtype`` (None: as it is)."""
+    dtype = parse_dtype(dtype, prof.engine.dtype)
+    if dtype == prof.engine.dtype:
+        return prof  # unchanged: compare's run files made before --dtype still resume
+    return replace(prof, engine=replace(prof.engine, dtype=dtype))
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -177,6 +203,7 @@ def replay(
     cohort: int = typer.Option(None, help="Cohort size C (8 or 16; default: the workload's)."),
     trace: Path = typer.Option(None, help="Trace for web-burst/captured [default: traces/]."),
     kv_blocks: int = typer.Option(None, help="Override the profile's KV pool (blocks)."),
+    dtype: str = dtype_option(),
     json_out: Path = typer.Option(None, "--json", help="Write the run records (JSON list)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
@@ -186,7 +213,7 @@ def replay(
         raise typer.BadParameter(f"give one policy, got {policy!r}")
     policy = names[0]
     _check_workload(workload)
-    prof = _profile(profile, kv_blocks)
+    prof = with_dtype(_profile(profile, kv_blocks), dtype)
     seed_list = parse_seeds(seeds)
     runs: list[events.RunRecord] = []
     sums: list[summary.Summary] = []
@@ -229,6 +256,7 @@ def compare(
     cohort: int = typer.Option(None, help="Cohort size C (8 or 16)."),
     trace: Path = typer.Option(None, help="Trace for web-burst/captured."),
     kv_blocks: int = typer.Option(None, help="Override the profile's KV pool (blocks)."),
+    dtype: str = dtype_option(),
     repeats: int = typer.Option(
         2, help="Runs per seed of FIFO, Cache-first, LADS and the infinite cache (A/A pairs)."
     ),
@@ -248,7 +276,7 @@ def compare(
     names = parse_policies(policies, parse_engine(engine_policy))
     if peers:  # checked again: a peer whose policy is not registered fails here, not mid-run
         names = parse_policies(",".join(planning.with_peers(names)))
-    prof = _profile(profile, kv_blocks)
+    prof = with_dtype(_profile(profile, kv_blocks), dtype)
     seed_list = parse_seeds(seeds)
     if repeats < 1:
         raise typer.BadParameter("--repeats must be at least 1")

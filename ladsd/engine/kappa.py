@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import platform
 import tempfile
 import time
 from enum import StrEnum
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ladsd.config import ladsd_home
+from ladsd.engine.cpu import cpu_info
 
 log = logging.getLogger("ladsd.engine")
 FORMAT = 1  # bump when the key or the entry changes meaning
@@ -49,20 +49,10 @@ def cache_dir() -> Path:
 
 
 def _cpu() -> tuple[str, str]:
-    """(CPU model, digest of its feature flags) from /proc/cpuinfo, or the platform's."""
-    model, flags = "", ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            name = name.strip()
-            if name == "model name" and not model:
-                model = value.strip()
-            elif name in ("flags", "Features") and not flags:
-                flags = " ".join(sorted(value.split()))
-    except OSError:
-        pass
-    model = model or platform.processor() or platform.machine()
-    return model, hashlib.sha256(flags.encode()).hexdigest()[:16]
+    """(CPU model, digest of its feature flags) (:func:`ladsd.engine.cpu.cpu_info`)."""
+    info = cpu_info()
+    flags = " ".join(sorted(info.flags))
+    return info.model, hashlib.sha256(flags.encode()).hexdigest()[:16]
 
 
 def _device() -> str:

@@ -18,6 +18,8 @@ Contract:
   candidate, lease or pin is live and nothing changed since the last one; no
   state after a query; the thread sleeps until a command) and reads kappa
   from a cache (:mod:`ladsd.engine.kappa`).
+* dtype: the config's, resolved once (:func:`ladsd.engine.cpu.resolve_dtype`:
+  ``auto`` on a CPU without native bf16 is float32); :attr:`EngineThread.dtype`.
 * Fail fast: a failed step, a failed lease tick or any other error of this
   thread declares the engine dead (as vLLM itself does on a failed step: a
   step that raised may have registered block hashes for KV it never computed,
@@ -47,6 +49,7 @@ from ladsd.config import EngineConfig, LeaseConfig, has_cuda
 from ladsd.engine import commands as cmd
 from ladsd.engine import kappa as kappa_cache
 from ladsd.engine import models
+from ladsd.engine.cpu import cpu_info, resolve_dtype
 from ladsd.engine.kappa import KappaSource
 from ladsd.modes import EnginePolicy, Retention
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
@@ -246,6 +249,9 @@ class EngineThread:
         self.command_cpu_s = 0.0  # engine-thread CPU in lease commands and ticks
         self.inventory_bytes = 0  # inventories that crossed (after coalescing)
         self._cpu = not has_cuda()
+        # What _build asks vLLM for (ladsd.engine.cpu.resolve_dtype); once built, the
+        # dtype vLLM chose (on CUDA "auto" becomes the model's).
+        self.dtype = resolve_dtype(cfg.dtype, not self._cpu, cpu_info().flags)
 
     # ---- lifecycle -------------------------------------------------------
     async def start(self) -> EngineThread:
@@ -511,7 +517,7 @@ class EngineThread:
             scheduler_cls=scheduler_class(self.engine_policy, cfg.async_scheduling),
             async_scheduling=cfg.async_scheduling,
             seed=cfg.seed,
-            dtype=cfg.dtype,
+            dtype=self.dtype,
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes or (2**30 if cpu else None),
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             disable_log_stats=True,
@@ -519,7 +525,9 @@ class EngineThread:
             structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
         )
         self._say(f"loading model {cfg.model} ({'dummy weights' if prof.dummy else path})...")
+        self._say(self._dtype_line())
         self._engine = LLMEngine.from_engine_args(args)
+        self.dtype = str(self._engine.model_config.dtype).removeprefix("torch.")
         client = self._engine.engine_core
         if not isinstance(client, InprocClient):  # a child process: ladsd cannot step it
             raise EngineError(f"vLLM started its engine core in another process; set {_MP_ENV}=0")
@@ -538,6 +546,12 @@ class EngineThread:
     def _say(self, line: str) -> None:
         if self.upkeep.progress is not None:
             self.upkeep.progress(line)
+
+    def _dtype_line(self) -> str:
+        if self.cfg.dtype != "auto" or not self._cpu:
+            return f"dtype {self.dtype} (asked: {self.cfg.dtype})"
+        why = "native bf16" if cpu_info().native_bf16 else "this CPU has no native bf16"
+        return f"dtype {self.dtype} (auto: {why}; --dtype overrides)"
 
     def _kappa_for(self, path: Any) -> float:
         """kappa as the upkeep says: measured at every start (replays) or cached (the daemon)."""

@@ -242,7 +242,7 @@ class Daemon:
     async def health(self, _: web.Request) -> web.Response:
         if self.alive:
             body = {"status": "ok", "model": self.model, "policy": self.policy}
-            body |= {"engine_policy": self.engine_policy.value}
+            body |= {"engine_policy": self.engine_policy.value, "dtype": self.engine.dtype}
             body |= {"sessions": len(self.sessions), "in_flight": self.in_flight}
             return json_response(body)
         eng = self.engine

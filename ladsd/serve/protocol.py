@@ -16,7 +16,7 @@
 * **state & capabilities** (engine -> harness, observations, not guarantees):
   ``GET /v1/sessions/{id}`` (the session and its lease record: status,
   protected blocks, deadline, generation), ``GET /v1/engine/state`` (B, U, C,
-  F, H, l, w, a, m, block size, the policy, what the daemon supports).
+  F, H, l, w, a, m, block size, dtype, the policy, what the daemon supports).
 * **outcomes**: ``GET /v1/events``: SSE of grant, denial, handoff, expiry,
   revocation, cancellation and completion events with session ids.
 
@@ -240,6 +240,7 @@ async def engine_state(request: web.Request) -> web.Response:
         "H": lease.headroom_blocks,
         "l": lease.lease_lifetime_s,
         "block_size": eng.cfg.resolved_block_size(),
+        "dtype": eng.dtype,
         "max_model_len": d.max_model_len,
         "policy": d.policy,
         "leases_enabled": d.leases_enabled,

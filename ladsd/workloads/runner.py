@@ -18,6 +18,7 @@ from typing import Any
 
 from ladsd import clock
 from ladsd.config import Profile
+from ladsd.engine import cpu
 from ladsd.engine.params import forced
 from ladsd.metrics.events import (
     POLICIES,
@@ -300,6 +301,10 @@ def _meta(prof: Profile, rt: Runtime, wl: Workload) -> dict[str, Any]:
         "dilation": rt.dilation,
         "link_rate_bytes_per_s": rt.link.rate_bytes_per_s,
         "engine_startup_s": eng.startup_s,
+        # The dtype vLLM ran (profile's engine.dtype is the one asked) and the CPU that
+        # chose it (ladsd.engine.cpu); files from before these keys lack them.
+        "dtype": eng.dtype,
+        **cpu.meta(),
         "profile": _profile_dict(prof),
         "inputs": inputs_dict(wl),
     }
