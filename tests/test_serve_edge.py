@@ -493,6 +493,21 @@ async def test_an_event_reader_that_stops_reading_loses_its_stream():
             s.close()
 
 
+async def test_one_tenant_cannot_take_every_event_stream():
+    cfg = ServeConfig(keys=KEYS, limits=Limits(max_event_streams=2))  # a share of 1 each
+    async with serving(cfg) as (d, port, _):
+        url = f"http://127.0.0.1:{port}/v1/events"
+        async with aiohttp.ClientSession() as s:
+            first = await s.get(url, headers=ALICE)
+            assert first.status == 200
+            async with s.get(url, headers=ALICE) as r:
+                assert r.status == 429 and "share" in (await r.json())["error"]["message"]
+            bobs = await s.get(url, headers=BOB)
+            assert bobs.status == 200  # alice's streams left bob his share
+            first.close()
+            bobs.close()
+
+
 # ---- item 12: intents name a tool --------------------------------------------------------
 
 

@@ -308,6 +308,9 @@ def test_intent_parsing_and_its_notice():
     s.intents["*"] = Intent("*", 0.5, None)
     assert (notice(s, "search").expected_wait_s, notice(s, "search").payload_bytes) == (4.5, 99)
     assert notice(s, "open").expected_wait_s == 0.5
+    # one reply's parallel calls: the wait ends with the slowest, the results add up
+    both = notice(s, ["search", "open"])
+    assert (both.expected_wait_s, both.payload_bytes) == (4.5, 99 + 1024)
     # HEAR's continuation probability travels with the notice when the daemon knows it.
     assert notice(s, "open").continuation_p is None
     assert notice(s, "open", 0.75).continuation_p == 0.75

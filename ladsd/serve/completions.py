@@ -343,7 +343,7 @@ class Turn:
             s.turns = (*p.turns, chat.reply_piece(reply))
             s.history = tuple(d.renderer.history(p.prompt, output))
             if reply.calls:
-                protocol.announce(d, s, reply.calls[0].name)
+                protocol.announce(d, s, [c.name for c in reply.calls])
         d.events.publish(
             "completion",
             s.id if s is not None else None,

@@ -136,8 +136,8 @@ class Daemon:
         self.engine: EngineThread | None = None
         self.state: EngineState | None = None
         self.renderer: Renderer | None = None
-        self.events = EventHub(max_subscribers=cfg.limits.max_event_streams)
         tenants = max(1, len(set(keys.values())))
+        self.events = EventHub(max_subscribers=cfg.limits.max_event_streams, tenants=tenants)
         self.sessions = SessionTable(
             cfg.max_sessions, cfg.session_ttl_s, self._release, tenants=tenants
         )

@@ -63,11 +63,17 @@ class Sub:
 
 class EventHub:
     def __init__(
-        self, backlog: int = 1024, queue_size: int = 1024, max_subscribers: int = 64
+        self,
+        backlog: int = 1024,
+        queue_size: int = 1024,
+        max_subscribers: int = 64,
+        tenants: int = 1,
     ) -> None:
         self.backlog: deque[Event] = deque(maxlen=backlog)
         self.queue_size = queue_size
         self.max_subscribers = max_subscribers
+        # Each tenant's share of the streams: one tenant cannot take every slot.
+        self.per_tenant = max(1, max_subscribers // max(1, tenants))
         self._subs: set[Sub] = set()
         self._ids = itertools.count(1)
         self.closed = False
@@ -118,10 +124,13 @@ class EventHub:
 
         The caller must :meth:`leave` it (a ``finally``), or read it with :meth:`follow`.
         """
-        if len(self._subs) >= self.max_subscribers:
+        mine = sum(1 for s in self._subs if s.tenant == tenant)
+        if len(self._subs) >= self.max_subscribers or mine >= self.per_tenant:
+            which = "" if mine < self.per_tenant else " of your tenant's share"
             raise ApiError(
                 429,
-                f"{self.max_subscribers} event streams are open; close one or retry later",
+                f"{mine if which else len(self._subs)} event streams{which} are open; "
+                "close one or retry later",
                 code="too_many_event_streams",
                 headers={"Retry-After": "5"},
             )

@@ -30,6 +30,7 @@ tenant's session is a 404, as one that does not exist).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -68,28 +69,38 @@ MODES = ("preference", "requirement", "release")
 MAX_BACKLOG_DIGITS = 9  # ?backlog=: more is refused (the hub keeps far fewer anyway)
 
 
-def notice(s: Session, tool: str | None, p: float | None = None) -> HistoryNotice:
+def notice(
+    s: Session, tool: str | Sequence[str] | None, p: float | None = None
+) -> HistoryNotice:
     """The notice of ``s``'s history waiting for ``tool`` (timing from its intent).
 
+    Several tools (one reply's parallel calls): the wait ends with the slowest call,
+    and the results together are the payload (the longest time, the summed bytes).
     ``p``: HEAR's continuation probability of the session, from completed sessions.
     """
-    intent = s.intent_for(tool or ANY_TOOL)
-    size = intent.expected_result_bytes if intent is not None else None
-    secs = intent.expected_tool_s if intent is not None else None
+    tools = [tool or ANY_TOOL] if tool is None or isinstance(tool, str) else list(tool)
+    secs, size = 0.0, 0
+    for name in tools:
+        it = s.intent_for(name)
+        t = it.expected_tool_s if it is not None else None
+        b = it.expected_result_bytes if it is not None else None
+        secs = max(secs, DEFAULT_TOOL_S if t is None else t)
+        size += DEFAULT_RESULT_BYTES if b is None else b
     return HistoryNotice(
         cid=s.cid(s.turn),
         token_ids=s.history,
         prefix_digest=prefix_digest(s.history),
         payload_digest="",  # the result is the client's: the daemon never sees it in advance
         ready_time=clock.now(),
-        payload_bytes=DEFAULT_RESULT_BYTES if size is None else size,
-        expected_wait_s=secs if secs is not None else DEFAULT_TOOL_S,
+        payload_bytes=size,
+        expected_wait_s=secs,
         continuation_p=p,
     )
 
 
-def announce(d: Daemon, s: Session, tool: str) -> None:
-    """``s`` ended in a call of ``tool``: its history waits; tell the lease provider."""
+def announce(d: Daemon, s: Session, tool: str | Sequence[str]) -> None:
+    """``s`` ended in a call of ``tool`` (or calls of several): its history waits; tell the
+    lease provider."""
     p = d.rt.continuation.p(s.turn) if d.rt is not None else None
     n = notice(s, tool, p)
     s.waiting = n
@@ -195,7 +206,6 @@ async def retention(request: web.Request) -> web.Response:
         d.events.publish("refusal", s.id, turn=n.cid.turn, continuation=key, reason=reason)
         raise ApiError(409, f"the requirement cannot be held now: {reason}", code="refused")
     # Held now; its record (blocks, deadline) comes with the next published state.
-    # (Not engine.state(): a direct read could take events from the published stream.)
     view.status, view.reason = "granted", None
     return json_response({"status": "held", "lease": view.as_dict()})
 
