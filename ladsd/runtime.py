@@ -222,14 +222,11 @@ class Runtime:
             try:
                 for notice, _, _ in batch:
                     self.engine.notice(notice)
-                state = await self.engine.state(check=False)
-                # The reply crosses one more loop hop than a published state, so a
-                # state published after it may be here first: newer, and past the
-                # notices too (the engine takes commands in order). Delivering the
-                # reply then would hand the sender an out-of-order state, and LADS
-                # would fall back to Cache-first on the burst's first decisions.
-                if self.state is None or state.seq > self.state.seq:
-                    (self.engine.on_state or self._on_state)(state)  # whoever listens first
+                # A barrier: the engine publishes the state it takes after the notices,
+                # and that publication reaches every listener (the sender first) before
+                # this returns, in engine order: no older state can follow a newer one,
+                # and no lease event it carries is lost.
+                await self.engine.state(check=False)
                 tickets = await self.sender.offer_many(
                     [(p.item, p.payload) for _, p, _ in batch], codec=self.link.codec
                 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Sequence
 
 import pytest
@@ -11,13 +12,15 @@ from ladsd import clock
 from ladsd.config import PROFILES
 from ladsd.delivery.fifo import Fifo
 from ladsd.delivery.policy import Pending, SenderView
+from ladsd.engine import commands as cmd
 from ladsd.engine.params import forced
 from ladsd.engine.thread import EngineThread
-from ladsd.records import ContinuationId
+from ladsd.records import ContinuationId, EngineState, HistoryNotice, LeaseEventKind
 from ladsd.runtime import Runtime
 
 pytestmark = [pytest.mark.engine]
 SMOKE = PROFILES["smoke"]
+GUARD_S = 60.0  # hang guard only
 BURST = 6
 
 
@@ -86,7 +89,9 @@ async def test_a_state_published_before_the_bursts_reply_is_not_undone(model_rea
     """The burst's state reply can arrive after a newer published state; the sender keeps the newer.
 
     The race is forced: the reply is held back until the engine has published
-    a newer state (taken after it), which reaches the runtime first.
+    a newer state (taken after it), which reaches the runtime first. (The State
+    command is a barrier: the engine publishes each state it replies with, so
+    the newer one reaches the runtime by itself.)
     """
     policy = SeqWatcher()
     async with EngineThread(SMOKE.engine, SMOKE.lease) as eng:
@@ -96,9 +101,8 @@ async def test_a_state_published_before_the_bursts_reply_is_not_undone(model_rea
 
         async def late_reply(check: bool = True):
             reply = await ask(check=check)
-            newer = await ask(check=check)  # published after the reply was taken...
-            assert eng.on_state is not None
-            eng.on_state(newer)  # ...and delivered first
+            newer = await ask(check=check)  # published after the reply was taken
+            assert newer.seq > reply.seq
             replies.append(reply.seq)
             return reply
 
@@ -124,3 +128,74 @@ async def test_a_state_published_before_the_bursts_reply_is_not_undone(model_rea
     # Every decision saw states in order: no decision read an older state than the last one.
     assert all(before < seq for before, seq in policy.seqs), policy.seqs
     assert rt.state is not None and rt.state.seq > replies[-1]
+
+
+async def test_a_bursts_grant_events_reach_the_listeners_when_a_publication_overtakes_it(
+    model_ready,
+):
+    """A lease event taken into the burst's state must reach every listener (the daemon's
+    session table and ``/v1/events`` listen beside the sender), also when a newer state
+    reaches the runtime before that state does.
+
+    Forced: the engine thread is held inside the burst's notice until a requirement for
+    the same history and the burst's State are both queued behind it, so they run in one
+    batch and the requirement's grant event is drained into the burst's state, not into
+    a publication; then a newer state reaches the runtime first.
+    """
+    async with EngineThread(SMOKE.engine, SMOKE.lease) as eng:
+        rt = await Runtime(eng, SeqWatcher(), SMOKE.link).start()
+        inner = eng.on_state
+        seen: list[tuple[LeaseEventKind, ContinuationId]] = []
+
+        def listen(state: EngineState) -> None:  # as the daemon attaches its listeners
+            assert inner is not None
+            inner(state)
+            seen.extend((e.kind, e.cid) for e in state.events)
+
+        eng.on_state = listen
+        sched, ask = eng._sched, eng.state
+        entered, gate = threading.Event(), threading.Event()
+        notices: list[HistoryNotice] = []
+        notice = sched.lease_notice
+
+        def held_notice(n: HistoryNotice) -> None:  # engine thread
+            if not notices:
+                notices.append(n)
+                entered.set()
+                gate.wait(GUARD_S)
+            notice(n)
+
+        async def overtaken(check: bool = True) -> EngineState:
+            assert await asyncio.to_thread(entered.wait, GUARD_S)
+            held = asyncio.get_running_loop().create_future()
+            eng._put(cmd.Require(notices[0]), held)  # queued behind the held notice
+            reply_task = asyncio.ensure_future(ask(check=check))
+            await asyncio.sleep(0)  # ... and the State behind it
+            gate.set()
+            assert await held is None  # held: a grant event for the history
+            reply = await reply_task
+            listen(await ask(check=check))  # a newer state reaches the runtime first
+            return reply
+
+        sched.lease_notice = held_notice
+        eng.state = overtaken  # type: ignore[method-assign]
+        cid = ContinuationId("w0", 1)
+        try:
+            prompt = [100 + k for k in range(96)]
+            cold = await rt.cold(prompt, forced(2), cid=ContinuationId("w0", 0))
+            hist = prompt + list(cold.completion.token_ids)
+            await rt.resume(
+                cid,
+                hist,
+                b"x" * 50,
+                lambda obs: hist + [300 + b % 50 for b in obs[:16]],
+                forced(2),
+                workflow_arrival=clock.now(),
+            )
+            assert (await rt.finish())["refs_added"] == rt.audit["refs_released"]
+        finally:
+            gate.set()
+            sched.lease_notice = notice
+            eng.state = ask  # type: ignore[method-assign]
+            await rt.close()
+    assert (LeaseEventKind.GRANT, cid) in seen, seen

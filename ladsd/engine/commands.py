@@ -71,7 +71,8 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class State:
-    """Reply: a fresh ``EngineState`` (after the integrity check if ``check``)."""
+    """A barrier: a fresh ``EngineState`` (after the integrity check if ``check``) is
+    published, and is the reply too; the publication reaches ``on_state`` first."""
 
     check: bool = True
 

@@ -9,7 +9,9 @@ Contract:
   crosses the boundary only with the typed commands of
   :mod:`ladsd.engine.commands`, handled in one place (:meth:`_dispatch`);
   replies come back on futures, request outputs on per-request streams, engine
-  state through ``on_state`` (all via ``call_soon_threadsafe``).
+  state through ``on_state`` (all via ``call_soon_threadsafe``). ``State`` is
+  a barrier: its state is published (ahead of the reply), so every lease event
+  reaches ``on_state`` exactly once, in engine order.
 * Step = drain commands -> step engine -> deliver outputs -> lease tick ->
   publish state.
 * Upkeep (:class:`Upkeep`): a replay's engine (the default) ticks every
@@ -707,7 +709,10 @@ class EngineThread:
             case cmd.State(check):
                 if check:
                     s.check_integrity()
-                return s.lease_state()
+                # A barrier: the state is published too, ahead of the reply, so the lease
+                # events it took from the book reach every listener (a reply alone was
+                # dropped when a newer publication overtook it, and its events with it).
+                return self._publish(s.lease_state())
             case cmd.Resident(ids):
                 return s.lease_resident(list(ids))
             case cmd.Sizes():
@@ -798,10 +803,14 @@ class EngineThread:
         for q in self._streams.values():
             q.put(err)
 
-    def _publish(self) -> None:
-        if self.on_state is not None:
-            self.activity.published += 1
-            self._loop.call_soon_threadsafe(self.on_state, self._sched.lease_state())
+    def _publish(self, state: EngineState | None = None) -> EngineState | None:
+        """Send ``state`` (default: a fresh one) to ``on_state``, in engine order."""
+        if self.on_state is None:
+            return state
+        state = state if state is not None else self._sched.lease_state()
+        self.activity.published += 1
+        self._loop.call_soon_threadsafe(self.on_state, state)
+        return state
 
     def _pool(self) -> PoolSnapshot:
         s = self._sched
