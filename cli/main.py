@@ -58,7 +58,7 @@ def serve(
     ),
     engine_policy: str = typer.Option("vllm", help=replay_cmd.ENGINE_HELP),
     profile: str = typer.Option(
-        "cpu", help=f"Engine and lease settings ({', '.join(PROFILES)}); see README."
+        "cpu", help=f"Engine and lease settings ({', '.join(PROFILES)}); see docs/profiles.md."
     ),
     model: str = typer.Option(
         "smollm2-135m", help="Model profile served (see `ladsd model list`)."

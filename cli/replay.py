@@ -32,14 +32,14 @@ VERBOSE_HELP = "Show vLLM's and torch's logs on the terminal (always in the log 
 DELIVERY_POLICIES = planning.DELIVERY  # the eight of the tables, then the peers' delivery
 ENGINE_HELP = (
     "vLLM's scheduler: vllm (its own FCFS order, fixed token budget) or augserve "
-    "(AugServe: value-density order, dynamic token budget; README, Peers)."
+    "(AugServe: value-density order, dynamic token budget; docs/peers.md)."
 )
 POLICY_HELP = (
     f"One of: {', '.join(DELIVERY_POLICIES)}; or augserve (FIFO delivery on the augserve "
     "engine policy) or augserve+POLICY."
 )
 PEERS_HELP = (
-    f"Add the neighbouring designs ({', '.join(planning.PEERS)}; README, Peers), "
+    f"Add the neighbouring designs ({', '.join(planning.PEERS)}; docs/peers.md), "
     "once per seed, and their tables."
 )
 

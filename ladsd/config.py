@@ -130,7 +130,7 @@ class Profile:
 PAPER_WORKLOAD = WorkloadConfig()  # spec section 5 at paper scale
 # kappa (one 512-token step) of the cpu profile's engine when it was calibrated:
 # the mean of the four engine starts of bench/calibrate.py --profile cpu, seeds 1
-# and 2, quiet machine, 2026-11-30 (0.0329, 0.0356, 0.0377, 0.0308 s; README).
+# and 2, quiet machine, 2026-11-30 (0.0329, 0.0356, 0.0377, 0.0308 s; docs/profiles.md).
 CPU_KAPPA_REF_S: float | None = 0.034
 
 PROFILES: dict[str, Profile] = {
@@ -177,7 +177,7 @@ PROFILES: dict[str, Profile] = {
             # are not scaled, so 1/8-scale histories grow ~60 % over a workflow
             # (paper: ~7 %). 1,150 blocks hold as many final histories (~11.5)
             # as the paper's pool does; at 769 leases are revoked before their
-            # handoff (README, "Results").
+            # handoff (docs/results.md).
             num_gpu_blocks_override=1150,
         ),
         link=LinkConfig(rate_bytes_per_s=4000.0),
