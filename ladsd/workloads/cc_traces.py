@@ -26,6 +26,10 @@ from typing import Any
 
 import orjson
 
+from ladsd.workloads.fields import Where, kind_ok
+from ladsd.workloads.fields import get as _get
+from ladsd.workloads.fields import obj as _obj
+
 ENV_TRACES = "LADSD_CC_TRACES"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACES = REPO_ROOT.parent / "shared" / "data" / "cc-traces"
@@ -84,36 +88,14 @@ class TraceSet:
     conversations: tuple[Conversation, ...]  # sorted by id
 
 
-class _At:
+class _At(Where):
     """Builds errors naming the file and the field path (``requests[3].hash_ids[7]``)."""
 
     def __init__(self, file: str, path: str = "") -> None:
         self.file, self.path = file, path
 
-    def at(self, name: str | int) -> _At:
-        sub = f"{self.path}.{name}" if isinstance(name, str) else f"{self.path}[{name}]"
-        return _At(self.file, sub.lstrip("."))
-
     def fail(self, what: str) -> CcTraceError:
         return CcTraceError(f"{self.file}: {self.path or '(top level)'}: {what}")
-
-
-def _kind_ok(v: Any, kinds: tuple[type, ...]) -> bool:
-    if isinstance(v, bool):  # JSON true is not a number here
-        return bool in kinds
-    return isinstance(v, kinds)
-
-
-def _get(d: Mapping[str, Any], key: str, kinds: tuple[type, ...], w: _At, opt: bool = False) -> Any:
-    if key not in d:
-        if opt:
-            return None
-        raise w.at(key).fail("missing field")
-    v = d[key]
-    if not _kind_ok(v, kinds):
-        names = " or ".join(k.__name__ for k in kinds)
-        raise w.at(key).fail(f"expected {names}, got {type(v).__name__}")
-    return v
 
 
 def _count(d: Mapping[str, Any], key: str, w: _At) -> int:
@@ -144,12 +126,6 @@ def _strs(d: Mapping[str, Any], key: str, w: _At) -> tuple[str, ...]:
     return tuple(v)
 
 
-def _obj(v: Any, w: _At) -> Mapping[str, Any]:
-    if not isinstance(v, dict):
-        raise w.fail(f"expected an object, got {type(v).__name__}")
-    return v
-
-
 def _request(v: Any, block: int, w: _At) -> Request:
     d = _obj(v, w)
     kind = _get(d, "type", (str,), w)
@@ -158,7 +134,7 @@ def _request(v: Any, block: int, w: _At) -> Request:
     n_in = _count(d, "in", w)
     ids = _get(d, "hash_ids", (list,), w)
     for k, h in enumerate(ids):
-        if not _kind_ok(h, (int,)) or h < 0:
+        if not kind_ok(h, int) or h < 0:
             raise w.at("hash_ids").at(k).fail(f"not a block id: {h!r}")
     if len(ids) != n_in // block:
         raise w.at("hash_ids").fail(

@@ -22,6 +22,9 @@ from typing import Any
 import orjson
 
 from ladsd.clock import Stamps
+from ladsd.workloads.fields import Where
+from ladsd.workloads.fields import get as _get
+from ladsd.workloads.fields import obj as _obj
 
 FORMAT = "ladsd-trace"
 VERSION = 1
@@ -244,49 +247,21 @@ def dump(trace: Trace, path: Path | str) -> Path:
 # ---- reading ---------------------------------------------------------------
 
 
-class _Where:
+class _Where(Where):
     """Builds errors that name the line and the field."""
 
     def __init__(self, line: int, path: str = "") -> None:
         self.line, self.path = line, path
-
-    def at(self, name: str | int) -> _Where:
-        sub = f"{self.path}.{name}" if isinstance(name, str) else f"{self.path}[{name}]"
-        return _Where(self.line, sub.lstrip("."))
 
     def fail(self, what: str) -> TraceError:
         field_ = f" {self.path}:" if self.path else ""
         return TraceError(f"line {self.line}:{field_} {what}")
 
 
-def _get(d: Mapping[str, Any], key: str, kinds: type | tuple[type, ...], w: _Where) -> Any:
-    if key not in d:
-        raise w.at(key).fail("missing field")
-    v = d[key]
-    ok = isinstance(v, kinds) and not (isinstance(v, bool) and bool not in _tuple(kinds))
-    if not ok:
-        raise w.at(key).fail(f"expected {_names(kinds)}, got {type(v).__name__}")
-    return v
-
-
-def _tuple(kinds: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kinds if isinstance(kinds, tuple) else (kinds,)
-
-
-def _names(kinds: type | tuple[type, ...]) -> str:
-    return " or ".join("null" if k is type(None) else k.__name__ for k in _tuple(kinds))
-
-
 _NUM = (int, float)
 _OPT_NUM = (int, float, type(None))
 _OPT_STR = (str, type(None))
 _OPT_INT = (int, type(None))
-
-
-def _obj(v: Any, w: _Where) -> Mapping[str, Any]:
-    if not isinstance(v, dict):
-        raise w.fail(f"expected an object, got {type(v).__name__}")
-    return v
 
 
 def _ids(v: Any, w: _Where) -> tuple[int, ...]:
