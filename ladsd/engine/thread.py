@@ -620,7 +620,6 @@ class EngineThread:
         tick = self.lease.tick_s
         next_tick = clock.now() + tick
         stalled = False
-        quiet = self.upkeep.quiet_idle
         dirty = True  # (quiet idle) something changed since the last tick
         while True:
             self.activity.loops += 1
@@ -629,7 +628,7 @@ class EngineThread:
             if busy:
                 wait = min(wait, STALL_WAIT_S) if stalled else 0.0
             # Nothing to tick for (quiet idle): sleep until the next command.
-            idle = quiet and not busy and not dirty and self._sched.lease_quiet()
+            idle = not busy and self._at_rest(dirty)
             stop, changed = self._drain(None if idle else wait)
             if stop:
                 return
@@ -641,13 +640,18 @@ class EngineThread:
                 changed = changed or worked
             dirty = dirty or changed
             if clock.now() >= next_tick:
-                if not quiet or dirty or not self._sched.lease_quiet():
+                if not self._at_rest(dirty):
                     self._dispatch(cmd.Tick())
                     self.activity.ticks += 1
                     changed, dirty = True, False
                 next_tick = clock.now() + tick
             if changed:
                 self._publish()
+
+    def _at_rest(self, dirty: bool) -> bool:
+        """Quiet idle: nothing changed since the last tick and no lease, candidate or pin
+        is live, so a tick has nothing to do."""
+        return self.upkeep.quiet_idle and not dirty and self._sched.lease_quiet()
 
     def _drain(self, wait: float | None) -> tuple[bool, bool]:
         """Run every queued command (None: wait for one); return (stop, anything changed).

@@ -151,7 +151,6 @@ class Turn:
         self.rid: str | None = None
         self.resume: HistoryNotice | None = None  # the waiting history this request binds
         self.resp: web.StreamResponse | None = None  # the stream, once its headers are out
-        self.stalled = False  # a write outlasted the write timeout
 
     async def run(self) -> web.StreamResponse:
         d, req = self.d, self.req
@@ -212,8 +211,8 @@ class Turn:
             # While the daemon drains, the cancel is the shutdown's (aiohttp's, past --drain-s)
             self._gone(by_shutdown=d.draining)
             raise
-        except ConnectionError:  # a write failed or timed out: nobody to answer, nothing to log
-            self._gone()
+        except ConnectionError as e:  # a write failed or timed out: nobody to answer or log
+            self._gone(stalled=isinstance(e, StalledReader))
             return self.resp if self.resp is not None else web.Response()
         except BaseException:
             if p.cid is not None:
@@ -305,11 +304,7 @@ class Turn:
         connection is dropped (what it never read with it) and ConnectionResetError
         raised, so its request is aborted like any disconnect's and its slot comes back.
         """
-        try:
-            await write_within(self.request, resp, data, self.d.cfg.write_timeout_s, eof=eof)
-        except StalledReader:
-            self.stalled = True
-            raise
+        await write_within(self.request, resp, data, self.d.cfg.write_timeout_s, eof=eof)
 
     async def _finish(
         self,
@@ -356,13 +351,14 @@ class Turn:
         )
         return reply, finish, use
 
-    def _gone(self, by_shutdown: bool = False) -> None:
+    def _gone(self, by_shutdown: bool = False, stalled: bool = False) -> None:
         """The client went away (or stopped reading): abort the request, keep the session.
 
         A client's timeout-and-retry must not lose its history: the history this
         request bound waits again (:meth:`_resume`), so a retry of the same turn
         binds it; the session ends as sessions do (TTL, DELETE, eviction).
-        ``by_shutdown``: cancelled by the shutdown, which is no disconnect.
+        ``by_shutdown``: cancelled by the shutdown, which is no disconnect;
+        ``stalled``: it read nothing for the write timeout.
         """
         d = self.d
         self._abort()
@@ -371,7 +367,7 @@ class Turn:
             return
         d.stats["disconnected"] += 1
         s = self.session
-        reason = "write_timeout" if self.stalled else "client"
+        reason = "write_timeout" if stalled else "client"
         d.events.publish(
             "disconnect", s.id if s is not None else None, request=self.id, reason=reason
         )
