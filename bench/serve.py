@@ -45,7 +45,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,9 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _common import free_port, git_commit, pinned_tree  # noqa: E402
 
 from ladsd.agent import actions  # noqa: E402
 from ladsd.agent.prompt import system_prompt, user_prompt  # noqa: E402
@@ -181,12 +183,6 @@ def check_tokens(trace: tr.Trace, flows: list[Flow]) -> None:
 
 
 # ---- one daemon ---------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -543,23 +539,6 @@ def print_table(runs: list[dict[str, Any]], agg: dict[str, Any]) -> None:
                 f"{ra['of']} {k}: {x['mean']:.3f} (min {x['min']:.3f}, max {x['max']:.3f}, "
                 f"stdev {x['stdev']:.3f})"
             )
-
-
-def pinned_tree(into: Path) -> Path:
-    """HEAD as files (``git archive``): the daemons run from it, so edits made in the
-    working tree while the bench runs (other sessions) never reach them."""
-    dest = into / "src"
-    dest.mkdir()
-    tar = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar.stdout, check=True)
-    return dest
-
-
-def git_commit() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "-uno"))}
 
 
 def pool_flags(trace: tr.Trace, profile: str) -> list[str]:

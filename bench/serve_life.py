@@ -40,7 +40,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,9 @@ from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _common import free_port, git_commit, pinned_tree  # noqa: E402
 
 from ladsd.config import PROFILES, has_cuda  # noqa: E402
 from ladsd.engine import cpu, models  # noqa: E402
@@ -65,12 +67,6 @@ START_TIMEOUT_S = 900.0  # hang guard: a first start measures kappa on a slow CP
 REQUEST_TIMEOUT_S = 600.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 console = Console()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the process tree, from /proc ----------------------------------------------------
@@ -292,22 +288,6 @@ def print_table(s: dict[str, dict[str, dict[str, float]]], repeats: int) -> None
             cells.append("-" if x is None else f"{x['median']:.2f} ({x['min']:.2f}-{x['max']:.2f})")
         t.add_row(label, *cells)
     console.print(t)
-
-
-def git_commit() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "-uno"))}
-
-
-def pinned_tree(into: Path) -> Path:
-    """HEAD as files: edits made in the working tree while the bench runs never reach it."""
-    dest = into / "src"
-    dest.mkdir()
-    tar = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=tar.stdout, check=True)
-    return dest
 
 
 def model_dtype(path: str) -> str | None:
