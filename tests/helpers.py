@@ -168,9 +168,9 @@ class Server:
 
         return {f.name: f.samples[0].value for f in text_string_to_metric_families(text)}
 
-    def events(self, session: str, until: set[str]) -> list[dict[str, Any]]:
+    def events(self, session: str, until: set[str], count: int = 1) -> list[dict[str, Any]]:
         """Read ``/v1/events`` for ``session`` (its backlog first) until every kind in
-        ``until`` was seen."""
+        ``until`` was seen ``count`` times."""
         url = f"{self.base}/v1/events?session_id={session}&backlog=1000"
         seen: list[dict[str, Any]] = []
         deadline = time.monotonic() + CALL_S  # a hang guard (heartbeats come every 15 s)
@@ -178,7 +178,8 @@ class Server:
             for line in r:
                 if line.startswith(b"data: "):
                     seen.append(json.loads(line[6:]))
-                if until <= {e["type"] for e in seen} or time.monotonic() > deadline:
+                kinds = [e["type"] for e in seen]
+                if all(kinds.count(k) >= count for k in until) or time.monotonic() > deadline:
                     break
         return seen
 

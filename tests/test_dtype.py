@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from dataclasses import replace
@@ -28,7 +27,7 @@ from ladsd.engine import kappa as kappa_cache
 from ladsd.engine.cpu import CpuInfo, native_bf16, parse_cpuinfo, resolve_dtype
 from ladsd.engine.thread import EngineThread
 from ladsd.metrics import events, summary, table
-from tests.helpers import free_port, linked_home
+from tests.helpers import free_port, linked_home, running
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = PROFILES["smoke"]
@@ -191,11 +190,7 @@ async def test_daemon_reports_its_dtype_and_keys_kappa_by_it(
     home = linked_home(tmp_path)
     monkeypatch.setenv("LADSD_HOME", str(home))
     want = resolve_dtype("auto", has_cuda(), cpu.cpu_info().flags)
-    d = Daemon(SMOKE, "fifo", ServeConfig(port=free_port()))
-    up = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(d.run(up.set_result))
-    try:
-        await asyncio.wait_for(up, GUARD_S)
+    async with running(Daemon(SMOKE, "fifo", ServeConfig(port=free_port())), GUARD_S) as d:
         base = f"http://127.0.0.1:{d.cfg.port}"
         async with aiohttp.ClientSession() as http:
             async with http.get(base + "/health") as r:
@@ -203,8 +198,5 @@ async def test_daemon_reports_its_dtype_and_keys_kappa_by_it(
             async with http.get(base + "/v1/engine/state") as r:
                 state = await r.json()
         assert health["dtype"] == state["dtype"] == d.engine.dtype == want
-    finally:
-        d.stop()
-        await asyncio.wait_for(task, GUARD_S)
     (entry,) = (home / "kappa").glob("*.json")
     assert json.loads(entry.read_text())["key"]["dtype"] == f"torch.{want}"

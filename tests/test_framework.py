@@ -16,10 +16,7 @@ the run ended with a final output or at the turn bound.
 
 from __future__ import annotations
 
-import json
 import socket
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,22 +31,6 @@ BLOCK = 32
 POOL = ["--kv-blocks", "40", "--max-model-len", "1024", "--headroom-blocks", "16"]
 POOL += ["--lease-s", "120"]
 SESSION = "agents-sdk"
-
-
-def completions(srv: Server, session: str, n: int) -> list[dict[str, Any]]:
-    """The session's first ``n`` completion events (``/v1/events`` backlog, then live)."""
-    url = f"{srv.base}/v1/events?session_id={session}&backlog=1000"
-    seen: list[dict[str, Any]] = []
-    deadline = time.monotonic() + CALL_S  # a hang guard (heartbeats come every 15 s)
-    with urllib.request.urlopen(url, timeout=CALL_S) as r:
-        for line in r:
-            if line.startswith(b"data: "):
-                ev = json.loads(line[6:])
-                if ev["type"] == "completion":
-                    seen.append(ev)
-            if len(seen) >= n or time.monotonic() > deadline:
-                break
-    return seen
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +137,8 @@ def check_tool_round_trip(srv: Server, session: str, ran: list[str], kinds: list
     assert ran and all(isinstance(c, str) and c for c in ran), ran
     assert "tool_called" in kinds and "tool_output" in kinds
     assert kinds.count("raw_response_event") > 2  # streamed: chunks, not one body
-    first, second = completions(srv, session, 2)
+    seen = srv.events(session, {"completion"}, count=2)
+    first, second = [e for e in seen if e["type"] == "completion"][:2]
     assert first["turn"] == 0 and first["finish_reason"] == "tool_calls"
     assert second["turn"] == 1 and second["bound"] is not None
     history = first["prompt_tokens"] + first["completion_tokens"]

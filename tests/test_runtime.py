@@ -85,6 +85,23 @@ class SeqWatcher(Fifo):
         return super().choose(pending, view, now)
 
 
+async def one_workflow(rt: Runtime, cid: ContinuationId) -> None:
+    """Call 0 of ``cid``'s workflow, then its resume over the link (a burst of one);
+    the lease audit must balance."""
+    prompt = [100 + k for k in range(96)]
+    cold = await rt.cold(prompt, forced(2), cid=ContinuationId(cid.workflow, 0))
+    hist = prompt + list(cold.completion.token_ids)
+    await rt.resume(
+        cid,
+        hist,
+        b"x" * 50,
+        lambda obs: hist + [300 + b % 50 for b in obs[:16]],
+        forced(2),
+        workflow_arrival=clock.now(),
+    )
+    assert (await rt.finish())["refs_added"] == rt.audit["refs_released"]
+
+
 async def test_a_state_published_before_the_bursts_reply_is_not_undone(model_ready):
     """The burst's state reply can arrive after a newer published state; the sender keeps the newer.
 
@@ -108,18 +125,7 @@ async def test_a_state_published_before_the_bursts_reply_is_not_undone(model_rea
 
         eng.state = late_reply  # type: ignore[method-assign]
         try:
-            prompt = [100 + k for k in range(96)]
-            cold = await rt.cold(prompt, forced(2), cid=ContinuationId("w0", 0))
-            hist = prompt + list(cold.completion.token_ids)
-            await rt.resume(
-                ContinuationId("w0", 1),
-                hist,
-                b"x" * 50,
-                lambda obs: hist + [300 + b % 50 for b in obs[:16]],
-                forced(2),
-                workflow_arrival=clock.now(),
-            )
-            assert (await rt.finish())["refs_added"] == rt.audit["refs_released"]
+            await one_workflow(rt, ContinuationId("w0", 1))
         finally:
             eng.state = ask  # type: ignore[method-assign]
             await rt.close()
@@ -181,18 +187,7 @@ async def test_a_bursts_grant_events_reach_the_listeners_when_a_publication_over
         eng.state = overtaken  # type: ignore[method-assign]
         cid = ContinuationId("w0", 1)
         try:
-            prompt = [100 + k for k in range(96)]
-            cold = await rt.cold(prompt, forced(2), cid=ContinuationId("w0", 0))
-            hist = prompt + list(cold.completion.token_ids)
-            await rt.resume(
-                cid,
-                hist,
-                b"x" * 50,
-                lambda obs: hist + [300 + b % 50 for b in obs[:16]],
-                forced(2),
-                workflow_arrival=clock.now(),
-            )
-            assert (await rt.finish())["refs_added"] == rt.audit["refs_released"]
+            await one_workflow(rt, cid)
         finally:
             gate.set()
             sched.lease_notice = notice

@@ -36,7 +36,7 @@ from ladsd.serve.errors import ApiError
 from ladsd.serve.events import EventHub
 from ladsd.serve.protocol import parse_intent
 from ladsd.serve.sessions import LeaseView, SessionTable
-from tests.helpers import FORCE, free_port, weather_tool
+from tests.helpers import FORCE, free_port, running, weather_tool
 
 GUARD_S = 30.0  # hang guard of one network wait (never a speed assertion)
 ENGINE_GUARD_S = 300.0
@@ -526,16 +526,8 @@ def test_an_intents_tool_follows_the_tool_name_rule():
 
 @asynccontextmanager
 async def daemon(cfg: ServeConfig) -> AsyncIterator[Daemon]:
-    d = Daemon(PROFILES["smoke"], "lads", cfg)
-    up = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(d.run(up.set_result))
-    try:
-        await asyncio.wait_for(up, ENGINE_GUARD_S)
+    async with running(Daemon(PROFILES["smoke"], "lads", cfg), ENGINE_GUARD_S) as d:
         yield d
-    finally:
-        d.stop()
-        audit = await asyncio.wait_for(task, ENGINE_GUARD_S)
-        assert audit["refs_added"] == audit["refs_released"]
 
 
 def chat_body(**kw: Any) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from ladsd.engine.kappa import SERVE_SAMPLES, KappaSource
 from ladsd.engine.thread import KAPPA_SAMPLES, EngineThread, Upkeep
 from ladsd.records import EngineState
 from ladsd.serve.daemon import Daemon, ServeConfig
-from tests.helpers import FORCE, free_port, linked_home, serve_log, weather_tool
+from tests.helpers import FORCE, free_port, linked_home, running, serve_log, weather_tool
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,14 +150,8 @@ class Life:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def life(model_ready) -> AsyncIterator[Life]:
     prof = replace(SMOKE, lease=replace(SMOKE.lease, lease_lifetime_s=5.0))
-    d = Daemon(prof, "lads", ServeConfig(port=free_port()))
-    up = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(d.run(up.set_result))
-    await asyncio.wait_for(up, GUARD_S)
-    yield Life(d)
-    d.stop()
-    audit = await asyncio.wait_for(task, GUARD_S)
-    assert audit["refs_added"] == audit["refs_released"]
+    async with running(Daemon(prof, "lads", ServeConfig(port=free_port())), GUARD_S) as d:
+        yield Life(d)
 
 
 async def chat(http: aiohttp.ClientSession, d: Daemon, sid: str, **body: Any) -> dict:
