@@ -12,13 +12,12 @@ requests only; nesting is refused) and starts at its ``t``.
 :func:`load` checks every field, the ordering of ``t``, the hash-id count and
 the file's ``totals`` against its requests, and raises :class:`CcTraceError`
 naming the file, the request index and the field; nothing is half loaded.
-Directory resolution: an explicit path, else ``$LADSD_CC_TRACES``, else
-``../shared/data/cc-traces`` beside the checkout (like web_catalog.source).
+Directory resolution (an explicit path, ``$LADSD_CC_TRACES``, the shared copy
+beside the checkout, or a sha256-checked download): :mod:`.cc_source`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,14 +251,10 @@ def load_file(path: Path | str) -> Conversation:
 
 
 def traces_dir(path: Path | str | None = None) -> Path:
-    """The traces directory: ``path``, else ``$LADSD_CC_TRACES``, else the shared copy."""
-    # TODO(issue 21): a sha256-checked download at the pinned commit (see SOURCE).
-    if path is None:
-        path = os.environ.get(ENV_TRACES) or DEFAULT_TRACES
-    root = Path(path)
-    if not root.is_dir():
-        raise CcTraceError(f"{root}: no cc-traces directory (pass one, or set ${ENV_TRACES})")
-    return root
+    """The traces directory by :func:`.cc_source.find_traces`, the one resolution rule."""
+    from ladsd.workloads.cc_source import find_traces  # it imports this module's error type
+
+    return find_traces(path)
 
 
 def load(path: Path | str | None = None) -> TraceSet:
