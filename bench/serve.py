@@ -3,7 +3,7 @@
 The committed trace's workflows (traces/smollm2-16tasks.jsonl) are replayed as
 OpenAI chat sessions against real daemons on loopback; each workflow is one
 session (``x-session-id``). Per session the client first states its intent
-(``POST /v1/sessions/{id}/intent``: the workflow's mean recorded tool seconds
+(the first request's ``intent`` body field: the workflow's mean recorded tool seconds
 and result bytes). Turn 0 sends the recorded system and user turns; every
 recorded tool step is asked for as a call of that tool (``tool_choice`` names
 it; the tools ``open`` / ``read_reviews`` take the recorded reply's
@@ -319,8 +319,6 @@ async def replay_flow(
     intent: bool,
 ) -> list[TurnResult]:
     await asyncio.sleep(max(0.0, t0 + flow.arrival - time.monotonic()))
-    if intent:
-        await post(http, f"{url}/v1/sessions/{sid}/intent", flow.intent(), sid)
     tools = tools_for(flow)
     msgs: list[dict[str, Any]] = []
     out: list[TurnResult] = []
@@ -337,7 +335,10 @@ async def replay_flow(
         else:
             msgs.extend(t.append)
         sent = time.monotonic()
-        data = await post(http, f"{url}/v1/chat/completions", chat_body(msgs, t, model, tools), sid)
+        body = chat_body(msgs, t, model, tools)
+        if intent and t.turn == 0:  # the request that creates the session states it
+            body["intent"] = flow.intent()
+        data = await post(http, f"{url}/v1/chat/completions", body, sid)
         latency = time.monotonic() - sent
         choice = data["choices"][0]
         msg = choice["message"]

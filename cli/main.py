@@ -68,6 +68,15 @@ def serve(
     max_num_seqs: int = typer.Option(None, help="Engine batch size m [default: the profile's]."),
     headroom_blocks: int = typer.Option(None, help="Lease headroom H [default: the profile's]."),
     lease_s: float = typer.Option(None, help="Lease lifetime l in seconds [default: profile's]."),
+    lease_rule: str = typer.Option(
+        "session",
+        help="A tool wait's lease lifetime: 'session' (l_i = min(cap, max(l, 1.5 x its "
+        "expected wait)), the wait from the intent or learned from the session's own tool "
+        "times) or 'fixed' (l for every lease, as in the spec).",
+    ),
+    lease_max_s: float = typer.Option(
+        None, help="The cap on a session's lease lifetime l_i in seconds [default: 8 x l]."
+    ),
     dtype: str = replay_cmd.dtype_option(),
     max_waiting: int = typer.Option(
         64, help="Chat requests admitted beyond the m running ones; more get 429."
@@ -110,6 +119,7 @@ def serve(
     the drain (exit 143/130), as does one while the engine starts.
     """
     from ladsd.serve.app import Limits, check_bind, read_key_file
+    from ladsd.serve.sessions import LEASE_RULES, LeaseRule
 
     try:
         keys = read_key_file(api_keys) if api_keys is not None else ()
@@ -129,6 +139,15 @@ def serve(
         profile, model, kv_blocks, max_model_len, max_num_seqs, headroom_blocks, lease_s
     )
     prof = replay_cmd.with_dtype(prof, dtype)
+    if lease_rule not in LEASE_RULES:
+        raise typer.BadParameter(
+            f"unknown lease rule {lease_rule!r}; choose from {', '.join(LEASE_RULES)}",
+            param_hint="--lease-rule",
+        )
+    try:
+        LeaseRule.of(lease_rule, prof.lease.lease_lifetime_s, lease_max_s)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--lease-max-s") from None
     with logs.session("serve", verbose) as log:
         _stop_while_starting()  # the imports and the model load take a while
         import uvloop
@@ -149,6 +168,8 @@ def serve(
             drain_s=drain_s,
             write_timeout_s=write_timeout,
             limits=limits,
+            lease_rule=lease_rule,
+            lease_max_s=lease_max_s,
         )
 
         def ready(url: str) -> None:

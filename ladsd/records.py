@@ -104,6 +104,9 @@ class HistoryNotice:
     # call after the one that produced ``token_ids``, estimated by the harness
     # from completed sessions only (ladsd.continuation). None: the engine's prior.
     continuation_p: float | None = None
+    # This continuation's lease lifetime ``l_i`` (ours; ladsd serve's session rule,
+    # :func:`ladsd.engine.budget.lease_lifetime`). None: the config's ``l``, as the spec.
+    lifetime_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ resident prefixes found in vLLM's prefix cache.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -28,12 +29,43 @@ def fifo_key(ready_time: float, ident: K) -> tuple[float, K]:
 
 
 def remaining_horizon(lifetime: float, granted_at: float | None, now: float) -> float:
-    """``tau_i(t)``: ``l`` before the first grant, ``g_i + l - t`` after it."""
+    """``tau_i(t)``: ``l`` before the first grant, ``g_i + l - t`` after it.
+
+    ``lifetime`` is the continuation's own ``l_i`` where it has one (:func:`lease_lifetime`).
+    """
     if lifetime <= 0:
         raise ValueError(f"lease lifetime must be positive, got {lifetime}")
     if granted_at is None:
         return lifetime
     return granted_at + lifetime - now
+
+
+LIFETIME_MARGIN = 1.5  # (ours) an expected wait is a prediction: cover half as much again
+LIFETIME_CAP_FACTOR = 8.0  # (ours) default cap on l_i, in multiples of l
+
+
+def lease_lifetime(lifetime: float, expected_s: float, margin: float, cap: float) -> float:
+    """``l_i = min(cap, max(l, margin * expected_s))``: one continuation's lease lifetime.
+
+    Ours, not the spec's (issue 21 item 4): a coding agent's tool waits are
+    seconds (median ~11 s) against ``l`` = 8 s, so a history bounded by ``l``
+    is either never near use (``T_B > tau``) or expires before use. ``l_i``
+    replaces ``l`` for that continuation only: in ``tau``, its deadline
+    ``g_i + l_i``, the drop of its candidate and the ttl-pin cap. It never
+    escapes the budget: ``B = min(D, C_safe)`` still counts only what fits,
+    a grant still leaves ``H`` free, and the headroom revocation still
+    revokes it (latest deadline first: a long lease goes before shorter ones).
+    ``cap >= l`` is a stated bound; ``cap == l`` is the fixed rule.
+    """
+    if lifetime <= 0 or not math.isfinite(lifetime):
+        raise ValueError(f"lease lifetime must be positive, got {lifetime}")
+    if not (margin > 0 and math.isfinite(margin)):
+        raise ValueError(f"lifetime margin must be positive, got {margin}")
+    if not (lifetime <= cap < math.inf):
+        raise ValueError(f"lifetime cap {cap} must be finite and at least l = {lifetime}")
+    if not (0 <= expected_s < math.inf):
+        raise ValueError(f"expected wait must be finite and non-negative, got {expected_s}")
+    return min(cap, max(lifetime, margin * expected_s))
 
 
 def engine_delay(kappa: float, waiting: int, running: int, max_seqs: int) -> float:

@@ -84,7 +84,7 @@ class Candidates:
     ) -> None:
         self.kv = kv
         self.pool = pool
-        self.lifetime = lifetime  # l
+        self.lifetime = lifetime  # l: the default of every l_i (lifetime_of)
         self._hash_args = (hash_block_size, hash_algo)
         self._hasher: Hasher | None = None  # lazy: NONE_HASH is set after the scheduler
         self.pending: dict[ContinuationId, Pending] = {}
@@ -130,16 +130,20 @@ class Candidates:
         if cid not in self.pending and self.latest.get(turn) == cid.version:
             del self.latest[turn]
 
+    def lifetime_of(self, n: HistoryNotice) -> float:
+        """``l_i``: the notice's own lease lifetime (ours, ladsd serve), else ``l``."""
+        return self.lifetime if n.lifetime_s is None else n.lifetime_s
+
     def unlisted(self, now: float) -> list[ContinuationId]:
-        """Candidates the sender has not listed within ``l`` of readiness (or, for a
-        result with an expected wait, not used within ``l`` after it)."""
+        """Candidates the sender has not listed within ``l_i`` of readiness (or, for a
+        result with an expected wait, not used within ``l_i`` after it)."""
         out = []
         for cid, p in self.pending.items():
             n = p.notice
-            if n.expected_wait_s is not None:  # past its expected use by more than l
-                if n.ready_time + n.expected_wait_s + self.lifetime < now:
+            if n.expected_wait_s is not None:  # past its expected use by more than l_i
+                if n.ready_time + n.expected_wait_s + self.lifetime_of(n) < now:
                     out.append(cid)
-            elif not p.listed and n.ready_time + self.lifetime < now:
+            elif not p.listed and n.ready_time + self.lifetime_of(n) < now:
                 out.append(cid)
         return out
 
@@ -181,7 +185,7 @@ class Candidates:
         out: View = []
         for p in self.ordered():
             self.resident(p)
-            tau = bud.remaining_horizon(self.lifetime, p.granted_at, now)
+            tau = bud.remaining_horizon(self.lifetime_of(p.notice), p.granted_at, now)
             t_b = self.time_to_use(p, now, delay, link)
             out.append((p, bud.Candidate(p.cid, p.ids, tau, t_b)))
         return out

@@ -27,7 +27,7 @@ Contract (mini-sglang style; read this before touching the code):
   FIFO (ready time, identity, version) order; ``U + Delta_i <= B`` and
   ``F_after >= H``, where ``F_after`` also takes off the blocks vLLM is about
   to allocate for requests waiting to be admitted (:class:`Reserve`, ours).
-  The first grant fixes ``g_i`` and ``d_i = g_i + l``; regrants never extend
+  The first grant fixes ``g_i`` and ``d_i = g_i + l_i``; regrants never extend
   it.
 * Handoff: after ``schedule()``, for a bound request with positive scheduled
   tokens whose block table holds every protected block's hash at its position.
@@ -202,6 +202,8 @@ class LeaseBook:
             raise ValueError(f"{n.cid.key()}: negative payload_bytes {n.payload_bytes}")
         if n.continuation_p is not None and not 0.0 <= n.continuation_p <= 1.0:
             raise ValueError(f"{n.cid.key()}: continuation_p {n.continuation_p} not in [0, 1]")
+        if n.lifetime_s is not None and not 0.0 < n.lifetime_s < math.inf:
+            raise ValueError(f"{n.cid.key()}: lifetime_s {n.lifetime_s} must be positive, finite")
         now = self.clock()
         self.maintain(now)
         if not self._supersede(n.cid):
@@ -256,7 +258,7 @@ class LeaseBook:
         Honoured or refused at once, never left pending: the lease is granted
         only if it fits the budget's safe ceiling now (``U + Delta_i <=
         C_safe``) and leaves ``H`` free (the same headroom rule as every grant);
-        like every lease it ends at ``g_i + l`` at the latest and may be revoked
+        like every lease it ends at ``g_i + l_i`` at the latest and may be revoked
         to keep ``H`` free. Returns None when held, else the reason.
         """
         if not self.cfg.enabled:
@@ -459,20 +461,20 @@ class LeaseBook:
     # -- pins and sessions -------------------------------------------------
 
     def _pin_at_readiness(self, p: Pending, now: float) -> None:
-        """ttl-pin: pin ``P_i`` for the predicted wait ``T_B_i`` plus a margin, capped at ``l``."""
+        """ttl-pin: pin ``P_i`` for the predicted wait ``T_B_i`` plus a margin, up to ``l_i``."""
         t_b = self.cands.time_to_use(p, now, self._engine_delay(), self.cands.link_times())
-        ttl = pin_ttl(t_b, self.cfg.lease_lifetime_s, self.cfg.tick_s)
+        ttl = pin_ttl(t_b, self.cands.lifetime_of(p.notice), self.cfg.tick_s)
         if not self._pin(p, ttl, now):
             self.counters["pin_cold"] += 1
 
     def _pin(self, p: Pending, ttl: float, now: float) -> bool:
-        """Pin ``p``'s ``P_i`` now until ``now + min(ttl, l)``; False if nothing is resident."""
+        """Pin ``p``'s ``P_i`` now until ``now + min(ttl, l_i)``; False if nothing is resident."""
         if not self.cands.resident(p):
             return False
         self.pins.pin(
             p.notice,
             p.resident,
-            deadline=now + min(ttl, self.cfg.lease_lifetime_s),
+            deadline=now + min(ttl, self.cands.lifetime_of(p.notice)),
             committed=p.committed,
             generation=self.generation,
             now=now,
@@ -579,7 +581,7 @@ class LeaseBook:
             p.notice,
             p.resident,
             granted_at=p.granted_at,
-            deadline=p.granted_at + self.cfg.lease_lifetime_s,
+            deadline=p.granted_at + self.cands.lifetime_of(p.notice),  # d_i = g_i + l_i
             committed=p.committed,
             generation=self.generation,
             now=now,

@@ -47,7 +47,7 @@ from ladsd.serve.app import (
 )
 from ladsd.serve.chat import ChatRequest, Piece, Reply
 from ladsd.serve.errors import ApiError, bad
-from ladsd.serve.sessions import LeaseView, Session, client_key
+from ladsd.serve.sessions import Intent, LeaseView, Session, client_key
 
 if TYPE_CHECKING:
     from ladsd.serve.daemon import Daemon
@@ -141,10 +141,17 @@ def claim(s: Session) -> None:
 class Turn:
     """One chat request from admission to its reply."""
 
-    def __init__(self, d: Daemon, req: ChatRequest, request: web.Request) -> None:
+    def __init__(
+        self,
+        d: Daemon,
+        req: ChatRequest,
+        request: web.Request,
+        intents: tuple[Intent, ...] = (),
+    ) -> None:
         self.d = d
         self.req = req
         self.request = request
+        self.intents = intents  # the body's ``intent``: set on the session it runs in
         self.id = f"chatcmpl-{secrets.token_hex(12)}"
         self.created = int(time.time())
         self.session: Session | None = None
@@ -174,10 +181,13 @@ class Turn:
         """The session the valid request runs in (``self.session``) and its plan there."""
         d, sid = self.d, self.req.session_id
         if sid is None:
+            if self.intents:
+                raise bad("'intent' needs a session (x-session-id or session_id)", "intent")
             return p
         if held is not None:
             if d.sessions.holds(held):
                 self.session = held
+                protocol.keep_intents(held, self.intents)
                 return p
             held.busy = False  # ended while the request was tokenised: it runs without
             return Plan(p.turns, p.prompt, None, False)
@@ -186,6 +196,7 @@ class Turn:
             raise ApiError(409, f"session {s.id!r} changed; retry", code="session_busy")
         claim(s)
         self.session = s
+        protocol.keep_intents(s, self.intents)
         return p
 
     async def _submit(self, p: Plan, params: Any) -> web.StreamResponse:
@@ -194,6 +205,8 @@ class Turn:
             if s.waiting is not None and p.cid is None:
                 d.cancel(s.waiting.cid)  # the conversation went another way: nothing to keep
             self.resume = s.waiting if p.cid is not None else None
+            if self.resume is not None:  # the tool's result is back: its wait, learned
+                s.tools.observe(clock.now() - self.resume.ready_time)
             s.waiting, s.bound = None, p.cid
         try:
             try:
@@ -400,10 +413,11 @@ async def create(request: web.Request) -> web.StreamResponse:
     d: Daemon = request.app[DAEMON]
     body = await read_json(request)
     req = chat.parse(body, request.headers.get(chat.SESSION_HEADER))
+    intents = protocol.parse_intents(body.get("intent"))
     chat.check_model(req.model, d.model)
     d.live_engine()  # 503 at once if the engine is down
     with d.admit():
-        return await Turn(d, req, request).run()
+        return await Turn(d, req, request, intents).run()
 
 
 async def models(request: web.Request) -> web.Response:

@@ -52,7 +52,7 @@ from ladsd.serve.chat import SESSION_HEADER
 from ladsd.serve.errors import ApiError
 from ladsd.serve.events import EventHub
 from ladsd.serve.render import Renderer
-from ladsd.serve.sessions import Session, SessionTable
+from ladsd.serve.sessions import LeaseRule, Session, SessionTable
 from web_catalog.db import Catalog, CatalogMissing, open_catalog
 
 log = logging.getLogger("ladsd.serve")
@@ -73,6 +73,8 @@ class ServeConfig:
     drain_s: float = 30.0  # SIGTERM: how long requests in flight may take to finish
     write_timeout_s: float = WRITE_TIMEOUT_S  # a stream reader that takes nothing this long: gone
     limits: Limits = Limits()  # connections: keep-alive, body timeout, caps
+    lease_rule: str = "session"  # a tool wait's lease lifetime: session | fixed (LeaseRule)
+    lease_max_s: float | None = None  # the cap on l_i; None: 8 x the profile's l
 
 
 class StartInterrupted(Exception):
@@ -127,6 +129,9 @@ class Daemon:
         check_bind(cfg.host, cfg.api_key, cfg.keys)
         keys = key_table(cfg.api_key, cfg.keys)  # API key -> tenant
         self.profile = profile
+        self.lease_rule = LeaseRule.of(  # ValueError on a bad rule or cap
+            cfg.lease_rule, profile.lease.lease_lifetime_s, cfg.lease_max_s
+        )
         self.policy = policy
         self.engine_policy = EnginePolicy(engine_policy)
         self.model = profile.engine.model

@@ -12,11 +12,12 @@
   anyway (it may be denied or revoked; 202: accepted is not granted). A
   *requirement* is leased now if the budget and the headroom can hold it
   (200 with the record), else refused with the engine's reason (409), never
-  dropped silently. Both stay bounded by ``l`` and ``H``. *release* drops it.
+  dropped silently. Both stay bounded by ``l_i`` and ``H``. *release* drops it.
 * **state & capabilities** (engine -> harness, observations, not guarantees):
   ``GET /v1/sessions/{id}`` (the session and its lease record: status,
   protected blocks, deadline, generation), ``GET /v1/engine/state`` (B, U, C,
-  F, H, l, w, a, m, block size, dtype, the policy, what the daemon supports).
+  F, H, l, w, a, m, block size, dtype, the policy, the lease rule and its cap,
+  what the daemon supports).
 * **outcomes**: ``GET /v1/events``: SSE of grant, denial, handoff, expiry,
   revocation, cancellation and completion events with session ids.
 
@@ -51,7 +52,7 @@ from ladsd.serve.app import (
 from ladsd.serve.chat import _TOOL_NAME, session_of
 from ladsd.serve.errors import ApiError, bad
 from ladsd.serve.events import wire
-from ladsd.serve.sessions import ANY_TOOL, Intent, LeaseView, Session, client_key
+from ladsd.serve.sessions import ANY_TOOL, Intent, LeaseRule, LeaseView, Session, client_key
 
 if TYPE_CHECKING:
     from ladsd.serve.daemon import Daemon
@@ -70,21 +71,29 @@ MAX_BACKLOG_DIGITS = 9  # ?backlog=: more is refused (the hub keeps far fewer an
 
 
 def notice(
-    s: Session, tool: str | Sequence[str] | None, p: float | None = None
+    s: Session,
+    tool: str | Sequence[str] | None,
+    p: float | None = None,
+    rule: LeaseRule | None = None,
 ) -> HistoryNotice:
     """The notice of ``s``'s history waiting for ``tool`` (timing from its intent).
 
     Several tools (one reply's parallel calls): the wait ends with the slowest call,
     and the results together are the payload (the longest time, the summed bytes).
     ``p``: HEAR's continuation probability of the session, from completed sessions.
+    ``rule`` (``--lease-rule``; None: ``fixed``): under ``session`` a tool without an
+    intent expects the session's learned wait (once one was observed) and the notice
+    carries ``l_i`` from the expected wait; under ``fixed`` it carries no lifetime.
     """
     tools = [tool or ANY_TOOL] if tool is None or isinstance(tool, str) else list(tool)
+    learned = s.tools.expected_s if rule is not None and rule.learns else None
+    default = DEFAULT_TOOL_S if learned is None else learned
     secs, size = 0.0, 0
     for name in tools:
         it = s.intent_for(name)
         t = it.expected_tool_s if it is not None else None
         b = it.expected_result_bytes if it is not None else None
-        secs = max(secs, DEFAULT_TOOL_S if t is None else t)
+        secs = max(secs, default if t is None else t)
         size += DEFAULT_RESULT_BYTES if b is None else b
     return HistoryNotice(
         cid=s.cid(s.turn),
@@ -95,6 +104,7 @@ def notice(
         payload_bytes=size,
         expected_wait_s=secs,
         continuation_p=p,
+        lifetime_s=rule.lifetime(secs) if rule is not None else None,
     )
 
 
@@ -102,7 +112,7 @@ def announce(d: Daemon, s: Session, tool: str | Sequence[str]) -> None:
     """``s`` ended in a call of ``tool`` (or calls of several): its history waits; tell the
     lease provider."""
     p = d.rt.continuation.p(s.turn) if d.rt is not None else None
-    n = notice(s, tool, p)
+    n = notice(s, tool, p, d.lease_rule)
     s.waiting = n
     # Without leases (e.g. --policy fifo) the notice is still sent, as the replay does,
     # but nothing will ever be granted: say so instead of "announced".
@@ -154,12 +164,33 @@ def _session(request: web.Request) -> Session:
     return d.sessions.find(_sid(request), tenant_of(request))
 
 
+def parse_intents(raw: Any) -> tuple[Intent, ...]:
+    """A chat body's ``intent`` (ladsd's extension): one intent object, a list of them, or
+    absent. It lets a harness state its first tool's timing in the request that creates
+    the session (``POST .../intent`` needs the session to exist)."""
+    if raw is None:
+        return ()
+    items = raw if isinstance(raw, list) else [raw]
+    if len(items) > MAX_INTENTS:
+        raise bad(f"at most {MAX_INTENTS} intents", "intent")
+    try:
+        return tuple(parse_intent(x) for x in items)
+    except ApiError as e:
+        raise bad(f"intent: {e.message}", "intent") from None
+
+
+def keep_intents(s: Session, intents: Sequence[Intent]) -> None:
+    """Set ``intents`` on ``s`` (newest per tool wins); 400 past MAX_INTENTS tools."""
+    for it in intents:
+        if it.tool not in s.intents and len(s.intents) >= MAX_INTENTS:
+            raise bad(f"a session keeps at most {MAX_INTENTS} intents", "tool")
+        s.intents[it.tool] = it
+
+
 async def intent(request: web.Request) -> web.Response:
     it = parse_intent(await read_json(request))
     s = _session(request)
-    if it.tool not in s.intents and len(s.intents) >= MAX_INTENTS:
-        raise bad(f"a session keeps at most {MAX_INTENTS} intents", "tool")
-    s.intents[it.tool] = it
+    keep_intents(s, [it])
     body = {"accepted": True, "session_id": s.id, "intent": it.__dict__}
     body["applies_to"] = "tool waits that start after it (the session's next tool calls)"
     return json_response(body, 202)
@@ -253,6 +284,7 @@ async def engine_state(request: web.Request) -> web.Response:
         "dtype": eng.dtype,
         "max_model_len": d.max_model_len,
         "policy": d.policy,
+        **d.lease_rule.as_dict(),  # --lease-rule, --lease-max-s and the margin (ours)
         "leases_enabled": d.leases_enabled,
         "sessions": len(d.sessions),
         "supports": d.capabilities(),

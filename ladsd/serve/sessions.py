@@ -26,23 +26,30 @@ is busy it is refused (429).
 
 How a session ended (``ended_by``) decides whether it counts as a completed
 workflow in HEAR's continuation estimate (:meth:`Session.completed`).
+
+Each session learns its own tool time (:class:`ToolTimes`); ``--lease-rule``
+(:class:`LeaseRule`) turns the expected wait into the lease lifetime ``l_i``.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ladsd import clock
+from ladsd.engine import budget as bud
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, LeaseEventKind
 from ladsd.serve.app import LOCAL
 from ladsd.serve.chat import Piece
 from ladsd.serve.errors import ApiError
 
 ANY_TOOL = "*"
+LEASE_RULES = ("session", "fixed")
+TOOL_EWMA = 0.5  # weight of the latest wait: one float kept, a new tool shows within 2 waits
 
 # Lease status of a session's waiting history, after the engine's events.
 _STATUS = {
@@ -62,6 +69,76 @@ class Intent:
     tool: str  # a tool name, or ANY_TOOL
     expected_tool_s: float | None = None
     expected_result_bytes: int | None = None
+
+
+@dataclass
+class ToolTimes:
+    """A session's observed tool waits (ours): an EWMA, alpha :data:`TOOL_EWMA`.
+
+    A wait runs from the notice of a reply that ended in a tool call (its
+    ``ready_time``) to the session's next request that binds it: the tool, the
+    client and the request's tokenisation, i.e. what the lease had to cover.
+    """
+
+    expected_s: float | None = None  # None until a wait was observed
+    observed: int = 0
+    last_s: float | None = None
+
+    def observe(self, wait_s: float) -> None:
+        """One more wait; a clock step back counts as 0 s (never an error in a request)."""
+        if math.isnan(wait_s) or math.isinf(wait_s):
+            return
+        w = max(0.0, wait_s)
+        prev = self.expected_s
+        self.expected_s = w if prev is None else TOOL_EWMA * w + (1 - TOOL_EWMA) * prev
+        self.observed += 1
+        self.last_s = w
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"observed": self.observed, "expected_s": self.expected_s, "last_s": self.last_s}
+
+
+@dataclass(frozen=True)
+class LeaseRule:
+    """How a tool wait gets its lease lifetime ``l_i`` (``--lease-rule``; ours).
+
+    ``session``: expected wait = the intent's ``expected_tool_s``, else the
+    session's learned wait (:class:`ToolTimes`), else the default (1 s);
+    ``l_i = min(cap_s, max(l, 1.5 x expected))``
+    (:func:`~ladsd.engine.budget.lease_lifetime`). ``fixed``: the spec's ``l``
+    for every lease (no lifetime on the notice) and nothing learned is used.
+    """
+
+    name: str
+    base_s: float  # the profile's l
+    cap_s: float  # the bound on l_i (--lease-max-s)
+
+    def __post_init__(self) -> None:
+        if self.name not in LEASE_RULES:
+            raise ValueError(f"unknown lease rule {self.name!r}; choose from {LEASE_RULES}")
+        bud.lease_lifetime(self.base_s, 0.0, bud.LIFETIME_MARGIN, self.cap_s)  # checks l, cap
+
+    @classmethod
+    def of(cls, name: str, base_s: float, cap_s: float | None) -> LeaseRule:
+        """The rule; ``cap_s`` None: :data:`~ladsd.engine.budget.LIFETIME_CAP_FACTOR` x l."""
+        return cls(name, base_s, bud.LIFETIME_CAP_FACTOR * base_s if cap_s is None else cap_s)
+
+    @property
+    def learns(self) -> bool:
+        return self.name == "session"
+
+    def lifetime(self, expected_s: float) -> float | None:
+        """The notice's ``lifetime_s``: ``l_i`` under ``session``, None (= l) under ``fixed``."""
+        if not self.learns:
+            return None
+        return bud.lease_lifetime(self.base_s, expected_s, bud.LIFETIME_MARGIN, self.cap_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "lease_rule": self.name,
+            "lease_max_s": self.cap_s,
+            "lease_margin": bud.LIFETIME_MARGIN,
+        }
 
 
 @dataclass
@@ -114,6 +191,7 @@ class Session:
     tenant: str = LOCAL  # whose key created it
     ended_by: str | None = None  # delete | ttl | evicted | shutdown | ...
     abandoned: bool = False  # its client went away mid-request and no turn came since
+    tools: ToolTimes = field(default_factory=ToolTimes)  # its observed tool waits
 
     @property
     def workflow(self) -> str:
@@ -151,6 +229,14 @@ class Session:
         return self.intents.get(tool) or self.intents.get(ANY_TOOL)
 
     def view(self) -> dict[str, Any]:
+        lease = None
+        if self.lease is not None:  # with the waiting history's timing
+            w = self.waiting
+            n = w if w is not None and w.cid == self.lease.cid else None
+            lease = self.lease.as_dict() | {
+                "lifetime_s": n.lifetime_s if n is not None else None,  # l_i; None: l
+                "expected_wait_s": n.expected_wait_s if n is not None else None,
+            }
         return {
             "id": self.id,
             "object": "session",
@@ -161,7 +247,8 @@ class Session:
             "history_tokens": len(self.history),
             "idle_s": max(0.0, clock.now() - self.last_used) if not self.busy else 0.0,
             "intents": [i.__dict__ for i in self.intents.values()],
-            "lease": self.lease.as_dict() if self.lease is not None else None,
+            "tool_times": self.tools.as_dict(),
+            "lease": lease,
         }
 
 
