@@ -35,7 +35,7 @@ order rotated every repeat, each configuration repeated): ``vllm`` (stock
 ``hear-session``. Every server gets the same model, KV pool in blocks, max_num_seqs,
 batched tokens, max_model_len, block size and dtype (``bench/_servers.py``); each
 server's pool is read back as that server reports it (ladsd ``/v1/engine/state``
-``total_blocks``, vLLM ``/metrics`` ``vllm:cache_config_info``) and the run stops when
+``num_gpu_blocks``, vLLM ``/metrics`` ``vllm:cache_config_info``) and the run stops when
 they differ. ladsd runs from a ``git archive`` of HEAD unless ``--no-pin``.
 
 Reported per run: mean session latency (arrival -> last reply, tool waits included),
@@ -106,11 +106,16 @@ class Server:
     kind: str  # vllm | ladsd
     flags: tuple[str, ...] = ()
     intent: bool = False
+    env: tuple[tuple[str, str], ...] = ()  # on top of the kind's environment
 
 
 SERVERS = {
     "vllm": Server("vllm", "vllm"),
+    # vLLM with its engine core in the server's process, as ladsd runs its engine: on 2
+    # cores this isolates what the stock two-process layout costs.
+    "vllm-inproc": Server("vllm-inproc", "vllm", env=(("VLLM_ENABLE_V1_MULTIPROCESSING", "0"),)),
     "fifo": Server("fifo", "ladsd", ("--policy", "fifo")),
+    "fifo-aa": Server("fifo-aa", "ladsd", ("--policy", "fifo")),
     "lads": Server("lads", "ladsd", ("--policy", "lads"), True),
     "lads-aa": Server("lads-aa", "ladsd", ("--policy", "lads"), True),
     "lads-nointent": Server("lads-nointent", "ladsd", ("--policy", "lads")),
@@ -289,7 +294,7 @@ async def pool_of(http: aiohttp.ClientSession, sv: Server, base: str) -> int | N
     """The KV pool in blocks as the server itself reports it."""
     if sv.kind == "ladsd":
         _, body = await get(http, f"{base}/v1/engine/state")
-        return json.loads(body).get("total_blocks") if body else None
+        return json.loads(body).get("num_gpu_blocks") if body else None
     _, body = await get(http, f"{base}/metrics")
     m = re.search(r'vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', body)
     return int(m.group(1)) if m else None
@@ -314,6 +319,7 @@ class Running:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if sv.kind == "ladsd" else "1"
         if sv.kind == "ladsd":
             env["LADSD_HOME"] = str(args.home)
+        env |= dict(sv.env)
         self.log = work / f"{sv.name}-{self.port}.log"
         cwd = args.src if sv.kind == "ladsd" else ROOT
         with open(self.log, "wb") as f:
@@ -580,7 +586,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--dtype", default=None, help="engine dtype of every server [auto: ladsd's rule]"
     )
-    ap.add_argument("--plain", action="store_true", help="the overhead check instead (vllm, fifo)")
+    ap.add_argument("--plain", action="store_true", help="the overhead check (vllm, fifo, fifo-aa)")
+    ap.add_argument("--plain-servers", default="vllm,fifo,fifo-aa", help="servers of --plain")
     ap.add_argument("--plain-users", type=int, default=8)
     ap.add_argument("--plain-requests", type=int, default=8, help="requests per user")
     ap.add_argument("--no-pin", action="store_true", help="ladsd from the working tree, not HEAD")
@@ -597,7 +604,7 @@ async def main() -> None:
     args.src = ROOT if args.no_pin else pinned_tree(work)
     args.home = linked_home(work)
     words = one_token_words(e["model_path"])
-    names = ["vllm", "fifo"] if args.plain else args.servers.split(",")
+    names = (args.plain_servers if args.plain else args.servers).split(",")
     unknown = [n for n in names if n not in SERVERS]
     if unknown:
         raise SystemExit(f"unknown servers: {', '.join(unknown)} (known: {', '.join(SERVERS)})")
@@ -659,7 +666,7 @@ async def main() -> None:
                 out.write_text(json.dumps(doc, indent=1))  # partial results survive a failure
     if args.plain:
         doc["table"] = table(doc["runs"], PLAIN, "plain chat load")
-        doc["ratios"] = {k: ratios(doc["runs"], k, "vllm", ("vllm", "vllm")) for k, _ in PLAIN}
+        doc["ratios"] = {k: ratios(doc["runs"], k, "vllm", ("fifo", "fifo-aa")) for k, _ in PLAIN}
     else:
         doc["table"] = table(doc["runs"], COLUMNS, "coding-agent sessions")
         doc["ratios"] = {

@@ -270,13 +270,16 @@ async def engine_state(request: web.Request) -> web.Response:
     if s is None:  # nothing published yet (the first tick is 100 ms away)
         snap = await eng.snapshot()
         body |= {"F": snap.free_blocks, "w": snap.waiting, "a": snap.running}
-        body |= {"m": snap.max_num_seqs, "total_blocks": snap.total_blocks, "kappa": snap.kappa}
+        usable = snap.total_blocks - 1  # the null block, as the published state counts it
+        body |= {"m": snap.max_num_seqs, "total_blocks": usable, "kappa": snap.kappa}
         body |= {"B": 0, "U": 0, "C": 0, "generation": 0, "active_leases": 0, "counters": {}}
     else:
         body |= {"B": s.B, "U": s.U, "C": s.C, "F": s.F, "w": s.w, "a": s.a, "m": s.m}
         body |= {"total_blocks": s.total_blocks, "kappa": s.kappa, "generation": s.generation}
         body |= {"time": s.time, "seq": s.seq, "active_leases": len(s.leases)}
         body["counters"] = s.counters
+    # vLLM's num_gpu_blocks (its cache_config_info): the pool with its null block
+    body["num_gpu_blocks"] = body["total_blocks"] + 1
     body |= {
         "H": lease.headroom_blocks,
         "l": lease.lease_lifetime_s,
