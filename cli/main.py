@@ -1,4 +1,4 @@
-"""The ``ladsd`` command line: serve, capture, replay, compare, model, catalog.
+"""The ``ladsd`` command line: serve, cluster, capture, replay, compare, model, catalog.
 
 Nothing here or in the command modules imports vLLM or torch at import time:
 ``ladsd --help`` and ``ladsd COMMAND --help`` answer at once, with no engine
@@ -12,9 +12,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import signal
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -25,6 +28,7 @@ from cli import replay as replay_cmd
 from cli.capture import capture_app
 from cli.catalog import catalog_app
 from ladsd import logs
+from ladsd.cluster import OWNED_FLAGS, ROUTINGS
 from ladsd.config import PROFILES
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -47,6 +51,7 @@ console = Console()
 
 
 SERVE_POLICIES = ", ".join(replay_cmd.DELIVERY_POLICIES)
+REPLICA_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # a Prometheus label value, kept plain
 
 
 @app.command()
@@ -108,6 +113,9 @@ def serve(
         help="Measure kappa as replays do (15 timed steps) and refresh its cache "
         "[default: the cached value; a miss measures 3 steps].",
     ),
+    replica: str = typer.Option(
+        None, help="This replica's name (ladsd cluster sets it): a label on every /metrics sample."
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=replay_cmd.VERBOSE_HELP),
 ) -> None:
     """Start the daemon: the engine with prefix leases and its OpenAI-compatible HTTP API.
@@ -134,6 +142,10 @@ def serve(
         raise typer.BadParameter(str(e), param_hint="--api-key") from None
     if policy not in replay_cmd.DELIVERY_POLICIES:
         raise typer.BadParameter(f"unknown policy {policy!r}; choose from {SERVE_POLICIES}")
+    if replica is not None and not REPLICA_NAME.fullmatch(replica):
+        raise typer.BadParameter(
+            f"replica name {replica!r}: 1-64 of A-Z a-z 0-9 . _ -", param_hint="--replica"
+        )
     engine = replay_cmd.parse_engine(engine_policy)
     prof = _serve_profile(
         profile, model, kv_blocks, max_model_len, max_num_seqs, headroom_blocks, lease_s
@@ -170,6 +182,7 @@ def serve(
             limits=limits,
             lease_rule=lease_rule,
             lease_max_s=lease_max_s,
+            replica=replica,
         )
 
         def ready(url: str) -> None:
@@ -199,6 +212,77 @@ def serve(
             f"stopped: every lease released, audit balanced (references added "
             f"{audit['refs_added']:.0f} = released {audit['refs_released']:.0f})"
         )
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def cluster(
+    ctx: typer.Context,
+    replicas: int = typer.Option(
+        2, min=1, max=64, help="Replicas (`ladsd serve` processes), each on its share of the cores."
+    ),
+    port: int = typer.Option(8731, help="The router's TCP port: the cluster's one address."),
+    host: str = typer.Option(
+        "127.0.0.1", help="The router's bind address; not loopback needs the replicas' --api-key."
+    ),
+    routing: str = typer.Option(
+        "consistent_hash",
+        help=f"The router's policy ({', '.join(ROUTINGS)}); consistent_hash keys on X-Session-ID.",
+    ),
+    health_interval: int = typer.Option(
+        2, min=1, help="Seconds between the router's health checks of each replica."
+    ),
+) -> None:
+    """Start N `ladsd serve` replicas on loopback and vllm-router in front of them on --port.
+
+    Every other option goes to each replica's `ladsd serve` (--profile, --policy, --model,
+    --kv-blocks, --max-waiting, ...: see `ladsd serve --help`); --host, --port and
+    --replica are the cluster's. A session stays on one replica (X-Session-ID); a replica
+    that dies is reported and taken out of the router. SIGTERM/Ctrl-C drains every replica
+    (each audits its leases), then stops the router; the exit status is 0 only if every
+    replica's audit balanced. See docs/scale-out.md.
+    """
+    from ladsd.cluster import Cluster, ClusterSpec
+    from ladsd.serve.app import is_loopback
+
+    args = tuple(ctx.args)
+    params = _serve_params(args)
+    if routing not in ROUTINGS:
+        raise typer.BadParameter(f"choose from {', '.join(ROUTINGS)}", param_hint="--routing")
+    if not is_loopback(host) and not (params.get("api_key") or params.get("api_keys")):
+        raise typer.BadParameter(
+            "off loopback the replicas need --api-key or --api-keys (clients send the key "
+            "through the router)",
+            param_hint="--host",
+        )
+    spec = ClusterSpec(replicas, port, routing, host, args, health_interval)
+    log_dir = logs.log_dir() / f"cluster-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+    def say(line: str) -> None:
+        console.print(escape(line), highlight=False, soft_wrap=True)
+        console.file.flush()  # a log file or pipe reads each line as it comes
+
+    try:
+        code = Cluster(spec, say, log_dir).run()
+    except (RuntimeError, OSError) as e:  # no vllm-router, a port taken: say what
+        console.print(f"[red]ladsd cluster failed[/red]: {escape(str(e))}")
+        raise typer.Exit(1) from None
+    raise typer.Exit(code)
+
+
+def _serve_params(args: tuple[str, ...]) -> dict[str, Any]:
+    """``args`` parsed as ``ladsd serve``'s options (checked before N engines start)."""
+    import click
+
+    for a in args:
+        if a.split("=", 1)[0] in OWNED_FLAGS:
+            raise typer.BadParameter(
+                f"{a.split('=', 1)[0]} is set per replica by the cluster", param_hint="serve flags"
+            )
+    serve_cmd = typer.main.get_command(app).commands["serve"]  # type: ignore[attr-defined]
+    try:
+        return serve_cmd.make_context("serve", list(args)).params
+    except click.ClickException as e:
+        raise typer.BadParameter(e.format_message(), param_hint="serve flags") from None
 
 
 def _stop_while_starting() -> None:

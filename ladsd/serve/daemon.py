@@ -75,6 +75,7 @@ class ServeConfig:
     limits: Limits = Limits()  # connections: keep-alive, body timeout, caps
     lease_rule: str = "session"  # a tool wait's lease lifetime: session | fixed (LeaseRule)
     lease_max_s: float | None = None  # the cap on l_i; None: 8 x the profile's l
+    replica: str | None = None  # this replica's name (ladsd cluster): a label on /metrics
 
 
 class StartInterrupted(Exception):

@@ -11,6 +11,9 @@ daemon's request counters. vLLM's names where the meaning is the same:
 * ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``  prompt tokens
   queried / found cached, over the daemon's chat completions
 * ``vllm:num_preemptions``  the engine's real preemptions
+
+Every sample carries ``model_name``, and ``replica`` when ``serve --replica NAME``
+(``ladsd cluster`` names its replicas) so a scrape of many replicas tells them apart.
 """
 
 from __future__ import annotations
@@ -39,10 +42,12 @@ LEASE_COUNTERS = {
 
 
 class Collector:
-    """Builds every family at scrape time (no state of its own)."""
+    """Builds every family at scrape time (no state of its own); ``replica``: the label
+    value every sample carries (none without it)."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: Daemon, replica: str | None = None) -> None:
         self.d = daemon
+        self.replica = replica
 
     def describe(self) -> list[Metric]:
         return []  # families are built per scrape; nothing to check at registration
@@ -52,6 +57,8 @@ class Collector:
         s = d.state
         label = ["model_name"]
         model = [d.model]
+        if self.replica is not None:  # a cluster's replicas: one scrape target each, told apart
+            label, model = [*label, "replica"], [*model, self.replica]
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(name, doc, labels=label)
@@ -137,14 +144,14 @@ class Collector:
         )
 
 
-def registry(daemon: Daemon) -> CollectorRegistry:
+def registry(daemon: Daemon, replica: str | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(Collector(daemon))  # type: ignore[arg-type]
+    reg.register(Collector(daemon, replica))  # type: ignore[arg-type]
     return reg
 
 
 def install(daemon: Daemon) -> None:
-    reg = registry(daemon)
+    reg = registry(daemon, daemon.cfg.replica)
 
     async def metrics(_: web.Request) -> web.Response:
         resp = web.Response(body=generate_latest(reg))
