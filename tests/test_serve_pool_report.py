@@ -22,16 +22,16 @@ async def test_the_pool_is_the_same_before_and_after_the_first_state(model_ready
         base = f"http://127.0.0.1:{d.cfg.port}"
         timeout = aiohttp.ClientTimeout(total=GUARD_S)
         async with aiohttp.ClientSession(timeout=timeout) as http:
-            async with http.get(f"{base}/v1/engine/state") as r:
-                before = await r.json()
-            assert d.state is None  # an idle daemon publishes nothing: the snapshot path
             body = {"model": "tiny", "max_tokens": 4, "temperature": 0,
                     "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
             async with http.post(f"{base}/v1/chat/completions", json=body) as r:
                 assert r.status == 200
-            assert d.state is not None  # the request made the engine publish
+            assert d.state is not None  # the engine has published: the state path
             async with http.get(f"{base}/v1/engine/state") as r:
                 after = await r.json()
+            d.state = None  # as before the first publication: the snapshot path
+            async with http.get(f"{base}/v1/engine/state") as r:
+                before = await r.json()
         pool = PROFILES["smoke"].engine.num_gpu_blocks_override
         for got in (before, after):
             assert got["num_gpu_blocks"] == pool and got["total_blocks"] == pool - 1
