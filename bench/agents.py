@@ -341,6 +341,14 @@ class Running:
             await asyncio.sleep(0.2)
         return time.monotonic() - t0
 
+    def client(self) -> Any:
+        """The official client on this server; no retries (a failure must show)."""
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(
+            base_url=f"{self.base}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0
+        )
+
     def stop(self) -> dict[str, Any]:
         """Stop (SIGINT: ladsd drains and audits); the exit code and, for ladsd, the audit."""
         rc = stop(self.proc)
@@ -367,7 +375,6 @@ async def one_run(
     work: Path,
     tag: str,
 ) -> dict[str, Any]:
-    from openai import AsyncOpenAI
 
     srv = Running(sv, args, e, work)
     run: dict[str, Any] = {
@@ -388,12 +395,7 @@ async def one_run(
                     f"{sv.name} reports a pool of {run['pool_blocks']} blocks, expected "
                     f"{args.expect_pool.get(sv.kind)}: the servers would not be comparable"
                 )
-            client = AsyncOpenAI(
-                base_url=f"{srv.base}/v1",
-                api_key="unused",
-                timeout=REQUEST_TIMEOUT_S,
-                max_retries=0,
-            )
+            client = srv.client()
             await warm(client, args.model)
             before = await counters(http, sv, srv.base)
             t0 = time.monotonic()
@@ -460,7 +462,6 @@ async def plain_user(client: Any, model: str, u: int, n: int, words: list[str]) 
 async def plain_run(
     sv: Server, args: argparse.Namespace, e: dict[str, Any], words: list[str], work: Path
 ) -> dict[str, Any]:
-    from openai import AsyncOpenAI
 
     srv = Running(sv, args, e, work)
     run: dict[str, Any] = {"server": sv.name, "kind": sv.kind, "log": str(srv.log)}
@@ -468,12 +469,7 @@ async def plain_run(
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             run["start_s"] = await srv.ready(http)
             run["pool_blocks"] = await pool_of(http, sv, srv.base)
-            client = AsyncOpenAI(
-                base_url=f"{srv.base}/v1",
-                api_key="unused",
-                timeout=REQUEST_TIMEOUT_S,
-                max_retries=0,
-            )
+            client = srv.client()
             await warm(client, args.model)
             t0 = time.monotonic()
             users = [

@@ -393,7 +393,7 @@ def test_download_rejects_a_changed_file(tmp_path: Path) -> None:
     with open(tmp_path / "mirror" / rel, "ab") as f:
         f.write(b"24-MB01,Rating,5,fake,fake,Mallory,\n")
     dest = tmp_path / "dl"
-    with pytest.raises(CatalogSourceError, match=f"SHA-256 mismatch for {rel}"):
+    with pytest.raises(CatalogSourceError, match=f"{rel}: SHA-256 mismatch"):
         download(dest, base_url=base)
     assert not dest.exists() and not (tmp_path / "dl.partial").exists()
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ladsd.config import ladsd_home
+from ladsd.download import fetch_checked
 
 ENV_SOURCE = "LADSD_CATALOG_SOURCE"
 GITHUB_REPO = "magento/magento2-sample-data"
@@ -162,19 +163,8 @@ def download(dest: Path | None = None, base_url: str = RAW_BASE, fetch: Fetch = 
     try:
         for rel in sorted(SOURCE_FILES):
             url = base_url + urllib.parse.quote(rel)
-            try:
-                data = fetch(url)
-            except Exception as e:
-                raise CatalogSourceError(
-                    f"could not download {url}: {e}. Pass --source PATH or set "
-                    f"${ENV_SOURCE} to a local copy of {GITHUB_REPO}."
-                ) from e
-            got = hashlib.sha256(data).hexdigest()
-            if got != SOURCE_FILES[rel]:
-                raise CatalogSourceError(
-                    f"SHA-256 mismatch for {rel} from {url}: "
-                    f"expected {SOURCE_FILES[rel]}, got {got}"
-                )
+            hint = f"Pass --source PATH or set ${ENV_SOURCE} to a local copy of {GITHUB_REPO}."
+            data = fetch_checked(url, SOURCE_FILES[rel], fetch, CatalogSourceError, rel, hint)
             (partial / rel).parent.mkdir(parents=True, exist_ok=True)
             (partial / rel).write_bytes(data)
         (partial / "SOURCE").write_text(f"commit {PINNED_COMMIT}\n")

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ladsd.config import ladsd_home
+from ladsd.download import fetch_checked
 from ladsd.workloads.cc_traces import DEFAULT_TRACES, ENV_TRACES, CcTraceError
 
 GITHUB_REPO = "callanjfox/kv-cache-tester"
@@ -106,19 +107,8 @@ def fetch_url(url: str) -> bytes:
 
 def _fetch_checked(name: str, base_url: str, fetch: Fetch) -> bytes:
     url = urllib.parse.urljoin(base_url, UPSTREAM.get(name, name))
-    try:
-        data = fetch(url)
-    except Exception as e:
-        raise CcSourceError(
-            f"{name}: could not download {url}: {e}. Pass --traces DIR or set "
-            f"${ENV_TRACES} to a local copy of {GITHUB_REPO} traces/."
-        ) from e
-    got = hashlib.sha256(data).hexdigest()
-    if got != FILES[name]:
-        raise CcSourceError(
-            f"{name}: SHA-256 mismatch from {url}: expected {FILES[name]}, got {got}"
-        )
-    return data
+    hint = f"Pass --traces DIR or set ${ENV_TRACES} to a local copy of {GITHUB_REPO} traces/."
+    return fetch_checked(url, FILES[name], fetch, CcSourceError, name, hint)
 
 
 def download(dest: Path | None = None, base_url: str = RAW_BASE, fetch: Fetch = fetch_url) -> Path:
