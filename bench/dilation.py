@@ -21,10 +21,9 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 
+from ladsd.delivery.registry import CANDIDATE, CORE, LABELS
 from ladsd.metrics.events import RunRecord, load
 from ladsd.metrics.summary import by_seed, mean_latency, reduction, seed_metric
-from ladsd.metrics.table import CANDIDATE, LABELS
-from ladsd.workloads.plan import CORE
 
 VERSUS = tuple(p for p in LABELS if p != CANDIDATE)  # every policy, in the tables' order
 RUN_FILE = re.compile(r"-s\d+(-r\d+)?\.json$")  # run files, not the -table/-peers summaries

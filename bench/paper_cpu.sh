@@ -20,7 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/results/cpu-quarter}
 PROFILE=cpu
-EIGHT=fifo,size-first,tail-release,cache-first,cache-first-noleases,turnover-off,lads,infinite-cache
+# The tables' eight, from the one policy registry (ladsd/delivery/registry.py).
+EIGHT=$(.venv/bin/python -c 'from ladsd.delivery.registry import PAPER; print(",".join(PAPER))')
 POLICIES=""
 ONLY=""
 SEEDS=""

@@ -1,4 +1,4 @@
-"""bench/agents.py: its text is token-exact, and a tiny run through its driver completes.
+"""bench/agent_sessions.py: its text is token-exact, and a tiny run through its driver completes.
 
 The driver (the official ``openai`` client, streaming, ``x-session-id``, the chat body's
 ``intent``) runs two cc-traces sessions of two turns against a real ``ladsd serve``
@@ -9,6 +9,7 @@ Nothing here asserts a time.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import subprocess
@@ -21,9 +22,17 @@ from ladsd.engine import models
 from ladsd.workloads import cc_traces
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import agents  # noqa: E402
+# Loaded by path under its own name and with sys.path restored: bench/ on the path would
+# shadow packages (the OpenAI Agents SDK is ``agents``), and the script adds bench/ itself.
+_path = list(sys.path)
+_spec = importlib.util.spec_from_file_location("bench_sessions", ROOT / "bench/agent_sessions.py")
+assert _spec is not None and _spec.loader is not None
+agents = importlib.util.module_from_spec(_spec)
+sys.modules["bench_sessions"] = agents  # dataclasses look their module up there
+_spec.loader.exec_module(agents)
+sys.path[:] = _path
+for _name in ("_common", "_servers"):  # bench helpers, not packages other tests import
+    sys.modules.pop(_name, None)
 
 needs_traces = pytest.mark.skipif(
     not cc_traces.DEFAULT_TRACES.is_dir(), reason="../shared/data/cc-traces is absent"
@@ -47,7 +56,7 @@ def test_block_text_tokenises_back_to_its_ids() -> None:
 @needs_traces
 def test_two_sessions_through_the_driver(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
-    cmd = [sys.executable, str(ROOT / "bench" / "agents.py"), "--no-pin", "--out", str(out)]
+    cmd = [sys.executable, str(ROOT / "bench" / "agent_sessions.py"), "--no-pin", "--out", str(out)]
     cmd += ["--servers", "lads", "--seeds", "1", "--sessions", "2", "--max-turns", "2"]
     cmd += ["--token-scale", "0.03", "--time-factor", "0.02", "--max-context", "1200"]
     cmd += ["--kv-blocks", "160", "--max-model-len", "2048", "--stagger-s", "0.5"]

@@ -1,5 +1,5 @@
 """``GET /v1/engine/state`` reports one pool, before and after the engine's first
-publication (bench/agents.py refuses to compare servers whose pools differ, so the two
+publication (bench/agent_sessions.py refuses to compare servers whose pools differ, so the two
 paths must agree): ``total_blocks`` usable (the null block excluded), ``num_gpu_blocks``
 as vLLM's ``cache_config_info`` names it. In-process Daemon on the tiny model."""
 

@@ -2,9 +2,9 @@
 
 Usage (from the repository root, nothing else running)::
 
-    .venv/bin/python bench/agents.py                       # the comparison (~1 h here)
-    .venv/bin/python bench/agents.py --plain               # the overhead check (~10 min)
-    .venv/bin/python bench/agents.py --seeds 1 --repeats 1 --servers vllm,lads --no-pin  # a try
+    .venv/bin/python bench/agent_sessions.py            # the comparison (~45 min here)
+    .venv/bin/python bench/agent_sessions.py --plain    # the overhead check (~15 min)
+    .venv/bin/python bench/agent_sessions.py --seeds 1 --servers vllm,lads --no-pin  # a try
 
 The workload (ladsd/workloads/sessions.py, its docstring says what is kept from the
 trace and what is synthesised) is cut from ``../shared/data/cc-traces`` (``--traces``):

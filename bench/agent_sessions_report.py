@@ -1,8 +1,8 @@
-"""Tables and figures of bench/agents.py's result files (nothing is re-run).
+"""Tables and figures of bench/agent_sessions.py's result files (nothing is re-run).
 
-    .venv/bin/python bench/agents_report.py bench/results/agents
+    .venv/bin/python bench/agent_sessions_report.py bench/results/agents
 
-Reads every ``*.json`` of the folder written by bench/agents.py and writes, beside them,
+Reads every ``*.json`` of the folder written by bench/agent_sessions.py and writes, beside them,
 ``README.md`` (one table per file: per server the mean and min-max over its runs;
 the per-seed ratios to ``vllm``; the A/A pair; ladsd's lease counters), the session
 latency CDF of the comparison (``sessions-cdf.png``) and, when sweep files
@@ -192,8 +192,9 @@ def main(folder: str) -> None:
     files = sorted(p for p in root.glob("*.json"))
     docs = {p.name: json.loads(p.read_text()) for p in files}
     out = ["# Coding-agent sessions: `ladsd serve` beside stock vLLM", "",
-           "Written by `bench/agents_report.py` from the result files of `bench/agents.py` "
-           "in this folder (every number below is read from them).", ""]  # fmt: skip
+           "Written by `bench/agent_sessions_report.py` from the result files of "
+           "`bench/agent_sessions.py` in this folder (every number below is read from them).",
+           ""]  # fmt: skip
     for name, doc in docs.items():
         if doc.get("runs"):
             out += report(doc, name)
