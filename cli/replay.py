@@ -16,9 +16,9 @@ from rich.markup import escape
 from cli.progress import RunProgress, clock
 from ladsd import logs
 from ladsd.config import PROFILES, Profile
+from ladsd.delivery import registry
 from ladsd.engine import cpu
 from ladsd.metrics import events, summary, table
-from ladsd.metrics.events import POLICIES as REPLAY_POLICIES
 from ladsd.modes import EnginePolicy
 from ladsd.workloads import plan as planning
 from ladsd.workloads import sizing
@@ -29,7 +29,8 @@ from ladsd.workloads.factory import WORKLOADS, make
 
 console = Console()
 VERBOSE_HELP = "Show vLLM's and torch's logs on the terminal (always in the log file)."
-DELIVERY_POLICIES = planning.DELIVERY  # the eight of the tables, then the peers' delivery
+REPLAY_POLICIES = registry.PAPER  # compare's default: the eight of the tables
+DELIVERY_POLICIES = registry.DELIVERY  # the eight, then the other delivery names
 ENGINE_HELP = (
     "vLLM's scheduler: vllm (its own FCFS order, fixed token budget) or augserve "
     "(AugServe: value-density order, dynamic token budget; docs/peers.md)."
@@ -39,7 +40,7 @@ POLICY_HELP = (
     "engine policy) or augserve+POLICY."
 )
 PEERS_HELP = (
-    f"Add the neighbouring designs ({', '.join(planning.PEERS)}; docs/peers.md), "
+    f"Add the neighbouring designs ({', '.join(registry.PEERS)}; docs/peers.md), "
     "once per seed, and their tables."
 )
 
@@ -349,7 +350,7 @@ def compare(
 
         plots.latency_cdf(runs, out / f"{tag}-cdf.png")
         plots.stage_breakdown(runs, out / f"{tag}-stages.png")
-        if "lads" in runs:
-            plots.lease_timeline(runs["lads"][0], out / f"{tag}-lease-timeline.png")
+        if registry.CANDIDATE in runs:
+            plots.lease_timeline(runs[registry.CANDIDATE][0], out / f"{tag}-lease-timeline.png")
         console.print(f"wrote {out}/{tag}-*.json, -table.md and plots")
         show_log(log)

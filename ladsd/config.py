@@ -7,7 +7,7 @@ Names follow lads-spec.md: ``H`` is ``headroom_blocks``, ``l`` is
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 FRAME_HEADER_BYTES = 1024
@@ -122,9 +122,6 @@ class Profile:
     kappa_ref_s: float | None = None
     peers: PeerConfig = field(default_factory=PeerConfig)
     extra: dict = field(default_factory=dict, compare=False, hash=False)
-
-    def with_(self, **kw) -> Profile:
-        return replace(self, **kw)
 
 
 PAPER_WORKLOAD = WorkloadConfig()  # spec section 5 at paper scale

@@ -30,6 +30,7 @@ from ladsd.config import LinkConfig, Profile
 from ladsd.continuation import ContinuationEstimate
 from ladsd.delivery import make_policy
 from ladsd.delivery.policy import Policy
+from ladsd.delivery.registry import delivery_class, unbounded_pool
 from ladsd.engine.augserve import AugServeConfig
 from ladsd.engine.thread import Completion, EngineThread, Upkeep
 from ladsd.modes import EnginePolicy
@@ -314,7 +315,8 @@ def engine_for(
 ) -> Profile:
     """The profile a run uses.
 
-    * ``infinite-cache`` gets a pool nothing outgrows;
+    * an unbounded-pool name of the registry (``infinite-cache``) gets a pool nothing
+      outgrows;
     * the AugServe engine policy gets a step buffer its token budget can fill:
       ``max_num_batched_tokens >= beta_high * T_max`` (1,024; vLLM's own
       scheduler keeps the profile's fixed 512).
@@ -324,7 +326,7 @@ def engine_for(
         aug = AugServeConfig()
         step = max(eng.max_num_batched_tokens, math.floor(aug.beta_high * aug.t_max))
         eng = replace(eng, max_num_batched_tokens=step)
-    if policy == "infinite-cache":
+    if unbounded_pool(policy):
         w = profile.workload
         need = sum(w.history_tokens) * w.n_workflows  # generous: every history at the largest
         eng = replace(eng, num_gpu_blocks_override=need // eng.resolved_block_size() * 2)
@@ -349,9 +351,8 @@ def policy_for(profile: Profile, name: str) -> Policy:
     takes the ones it uses. ``infinite-cache`` is FIFO delivery on a pool
     nothing outgrows (:func:`engine_for`).
     """
-    base = "fifo" if name == "infinite-cache" else name
     return make_policy(
-        base,
+        delivery_class(name),
         theta=profile.lease.theta,
         max_age_s=profile.lease.record_max_age_s,
         guard_s=profile.peers.guard_s,

@@ -54,9 +54,8 @@ async def test_repeated_prefix_hits_prefix_cache(tiny):
 
 
 async def test_abort_ends_stream_and_frees_slots(tiny):
-    stream = tiny.generate(
-        ids(50, 3000), sampling(max_tokens=500, ignore_eos=True), request_id="ab"
-    )
+    rid = tiny.submit(ids(50, 3000), sampling(max_tokens=500, ignore_eos=True), request_id="ab")
+    stream = tiny.stream(rid)
     first = await stream.__anext__()
     assert len(first.outputs[0].token_ids) >= 1
     await tiny.abort("ab")
@@ -73,9 +72,8 @@ async def test_abort_ends_stream_and_frees_slots(tiny):
 async def test_engine_error_surfaces_and_engine_survives(tiny):
     with pytest.raises(EngineError, match="longer than the maximum model length"):
         await tiny.complete(ids(4000), sampling(max_tokens=2))
+    tiny.submit(ids(10), sampling(max_tokens=50), request_id="dup")
     with pytest.raises(EngineError, match="already in flight"):
-        gen = tiny.generate(ids(10), sampling(max_tokens=50), request_id="dup")
-        await gen.__anext__()
         await tiny.complete(ids(10), sampling(max_tokens=2), request_id="dup")
     await tiny.abort("dup")
     ok = await tiny.complete(ids(20), sampling(max_tokens=3))

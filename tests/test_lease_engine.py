@@ -51,7 +51,6 @@ async def test_leased_prefix_survives_flood_and_hands_off(model_ready):
         # Flood: distinct prompts that need every unprotected block of the pool.
         for k in range(4):
             await eng.complete(hist(100 + k, 28), sampling(max_tokens=1))
-        assert (await eng.resident(leased), await eng.resident(control)) == (10, 0)
 
         # The leased continuation reuses its protected prefix; the control recomputes.
         cont = await eng.complete(leased + [7] * 40, sampling(max_tokens=2), cid=cid)

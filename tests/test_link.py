@@ -450,16 +450,13 @@ async def test_a_frame_that_never_gets_through_fails_after_max_drops() -> None:
 async def test_a_policy_that_raises_fails_every_ticket_and_stops_the_sender() -> None:
     log = Log()
     link = await started(Boom("choose", at=5), log)  # the 5th choice follows the first ack
-    failure = link.sender.failure
     tickets = await offer_all(link, [item(i) for i in range(8)])
     async with asyncio.timeout(LIMIT_S):
-        with pytest.raises(PolicyError, match=r"policy boom failed in choose\(\).*bad choose"):
-            await failure
         assert await tickets[0].received == tickets[0].c
         for t in tickets[1:]:  # committed (maybe even registered) or pending: all fail
-            with pytest.raises(PolicyError):
+            with pytest.raises(PolicyError, match=r"policy boom failed in choose\(\).*bad ch"):
                 await t.received
-    assert link.sender.error is failure.exception()
+    assert isinstance(link.sender.error, PolicyError)
     with pytest.raises(PolicyError):
         await link.sender.offer(item(9).item, item(9).payload)
     with pytest.raises(PolicyError):
@@ -480,13 +477,12 @@ async def test_a_link_that_keeps_dropping_stops_the_sender_after_max_drops() -> 
     link = await started(Recorder(), log, on_bytes=cut, max_drops=2)
     tickets = await offer_all(link, [item(i) for i in range(3)])
     async with asyncio.timeout(LIMIT_S):
-        with pytest.raises(LinkDown, match="connection dropped: 3 drops"):
-            await link.sender.failure
         with pytest.raises(SendFailed, match="dropped 2 times"):  # charged to the head first
             await tickets[0].received
         for t in tickets[1:]:
-            with pytest.raises(LinkDown):
+            with pytest.raises(LinkDown, match="connection dropped: 3 drops"):
                 await t.received
+    assert isinstance(link.sender.error, LinkDown)
     link.sender.check_integrity()
     await link.close()
     assert log.got == []
@@ -511,11 +507,10 @@ async def test_a_receiver_that_goes_away_fails_everything_outstanding() -> None:
         await tickets[0].received
         await stuck.wait()
         await link.receiver.close(grace_s=0.05)  # stops listening: every re-dial is refused
-        with pytest.raises(LinkDown, match="re-dial failed"):
-            await link.sender.failure
         for t in tickets[1:]:
-            with pytest.raises(LinkDown):
+            with pytest.raises(LinkDown, match="re-dial failed"):
                 await t.received
+    assert isinstance(link.sender.error, LinkDown)
     assert link.stats()["connect_failures"] >= 2
     await link.close()
 
@@ -565,5 +560,4 @@ async def test_start_after_a_policy_failure_raises_it_at_once() -> None:
     with pytest.raises(PolicyError, match="policy boom"):
         await sender.start("127.0.0.1", 9, connect_timeout=LIMIT_S)
     await sender.close()
-    with pytest.raises(PolicyError):
-        await sender.failure
+    assert isinstance(sender.error, PolicyError)

@@ -8,7 +8,9 @@ import gzip
 import orjson
 import pytest
 
+from ladsd.audit import LeaseIntegrityError
 from ladsd.clock import Stamps
+from ladsd.delivery import registry
 from ladsd.metrics import events, plots, summary, table
 from ladsd.metrics.events import (
     CallRecord,
@@ -142,10 +144,10 @@ def test_reductions_reject_mismatched_or_duplicate_seeds() -> None:
 
 def test_audit() -> None:
     summary.audit(run("lads", 0, [1.0], refs_added=120, refs_released=120))
-    with pytest.raises(summary.AuditError, match=r"added 120 != released 118 \(\+2 leaked\)"):
+    with pytest.raises(LeaseIntegrityError, match=r"added 120 != released 118 \(\+2 leaked\)"):
         summary.audit(run("lads", 0, [1.0], refs_added=120, refs_released=118))
     bare = dataclasses.replace(run("lads", 0, [1.0]), counters={"grants": 1})
-    with pytest.raises(summary.AuditError, match="lack refs_added, refs_released"):
+    with pytest.raises(LeaseIntegrityError, match="lack refs_added, refs_released"):
         summary.audit(bare)
 
 
@@ -304,7 +306,7 @@ def test_plots_write_png_files(tmp_path) -> None:
 
 
 def test_every_policy_has_its_own_colour_and_lads_is_drawn_on_top() -> None:
-    names = list(table.LABELS)
+    names = list(registry.LABELS)
     styles = {p: plots.style(p) for p in names}
     colours = [s["color"] for s in styles.values()]
     assert len(set(colours)) == len(names)  # no two policies share a colour

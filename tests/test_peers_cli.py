@@ -13,6 +13,7 @@ from cli import replay as replay_cmd
 from cli.main import app
 from ladsd.config import PROFILES, PeerConfig
 from ladsd.delivery import hear
+from ladsd.delivery.registry import RunName
 from ladsd.metrics import events, summary, table
 from ladsd.metrics.events import RunRecord
 from ladsd.modes import EnginePolicy
@@ -42,17 +43,18 @@ def invoke(*args: str):
     ],
 )
 def test_run_name_maps_to_delivery_and_engine_policy_and_back(name, parts) -> None:
-    assert plan.run_parts(name) == parts
-    assert plan.run_name(*parts) == name
+    run = RunName.parse(name)
+    assert (run.delivery, run.engine) == parts
+    assert str(RunName(*parts)) == name
 
 
 def test_unknown_run_names_are_refused_naming_the_bad_part() -> None:
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
-        plan.run_parts("nope")
+        RunName.parse("nope")
     with pytest.raises(ValueError, match="unknown policy 'nope'"):
-        plan.run_parts("augserve+nope")
+        RunName.parse("augserve+nope")
     with pytest.raises(ValueError, match="unknown engine policy 'sglang'"):
-        plan.run_parts("sglang+lads")
+        RunName.parse("sglang+lads")
 
 
 def test_engine_option_applies_to_names_without_their_own_engine() -> None:

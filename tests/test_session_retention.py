@@ -155,7 +155,7 @@ async def test_session_order_on_the_real_engine(model_ready: None) -> None:
     from ladsd.config import EngineConfig
     from ladsd.engine.params import sampling
     from ladsd.engine.thread import EngineThread
-    from tests.test_lease_engine import hist
+    from tests.test_lease_engine import BLOCK, hist
 
     cfg = EngineConfig(model="tiny", max_model_len=960, num_gpu_blocks_override=32)
     lease = LeaseConfig(enabled=False, lease_lifetime_s=3600.0)
@@ -170,11 +170,9 @@ async def test_session_order_on_the_real_engine(model_ready: None) -> None:
         assert st.counters["sessions"] == 2 and st.leases == ()
         # 25 blocks of 31: every foreign block, all of B's and A's tail go.
         await eng.complete(hist(100, 25), sampling(max_tokens=1))
-        kept = await eng.resident(ha)
-        assert 0 < kept < 8 and await eng.resident(hb) == 0
         ca = await eng.complete(ha + [7] * 40, sampling(max_tokens=1), cid=A)
         cb = await eng.complete(hb + [7] * 40, sampling(max_tokens=1), cid=B)
-        assert ca.num_cached_tokens > 0 and cb.num_cached_tokens == 0
+        assert 0 < ca.num_cached_tokens < 8 * BLOCK and cb.num_cached_tokens == 0
         assert (await eng.sizes()).get("lease_book.sessions", 0) == 0
         audit = await eng.finish()
         assert audit["refs_added"] == audit["refs_released"] == 0

@@ -13,33 +13,11 @@ import inspect
 from typing import Any
 
 from ladsd.delivery.base import BasePolicy
-from ladsd.delivery.cache_first import CacheFirst, CacheFirstNoLeases
-from ladsd.delivery.fifo import Fifo
-from ladsd.delivery.hear import HearCacheAware, HearGuard, HearSession
-from ladsd.delivery.lads import Lads, LadsDenial, TurnoverOff
 from ladsd.delivery.policy import Pending, Policy, SenderView
-from ladsd.delivery.size_first import SizeFirst
-from ladsd.delivery.tail_release import TailRelease
-from ladsd.delivery.ttl_pin import TtlPin
+from ladsd.delivery.registry import CLASSES
 
-POLICIES: dict[str, type[BasePolicy]] = {
-    cls.name: cls
-    for cls in (
-        Fifo,
-        SizeFirst,
-        CacheFirst,
-        CacheFirstNoLeases,
-        TailRelease,
-        TurnoverOff,
-        Lads,
-        LadsDenial,  # ablation: override only after a budget denial
-        # Neighbouring designs (peers.md): HEAR's ladder and Continuum-style pins.
-        HearCacheAware,
-        HearGuard,
-        HearSession,
-        TtlPin,
-    )
-}
+# The delivery classes by name, in the registry's order (ladsd.delivery.registry).
+POLICIES: dict[str, type[BasePolicy]] = CLASSES
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 
 

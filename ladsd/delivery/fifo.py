@@ -6,14 +6,11 @@ from collections.abc import Sequence
 
 from ladsd.delivery.base import BasePolicy, need
 from ladsd.delivery.policy import Pending, SenderView
-
-
-def fifo_key(item: Pending) -> tuple:
-    return (item.ready_time, item.cid)
+from ladsd.engine.budget import fifo_key  # the one FIFO key: the lease book grants in it too
 
 
 class Fifo(BasePolicy):
     name = "fifo"
 
     def choose(self, pending: Sequence[Pending], view: SenderView, now: float) -> Pending:
-        return min(need(pending), key=fifo_key)
+        return min(need(pending), key=lambda it: fifo_key(it.ready_time, it.cid))

@@ -78,13 +78,6 @@ class State:
 
 
 @dataclass(frozen=True)
-class Resident:
-    """Reply: ``|P_i|`` in blocks for ``token_ids`` right now (diagnostics, tests)."""
-
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class Sizes:
     """Reply: entries per engine-side table (requests, stamps, lease book), for leak checks."""
 
@@ -108,7 +101,6 @@ Command = (
     | Tick
     | Snapshot
     | State
-    | Resident
     | Finish
     | Stop
 )

@@ -68,6 +68,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.request import Request
 
+from ladsd.audit import check_refs
 from ladsd.clock import Clock
 from ladsd.config import LeaseConfig
 from ladsd.engine import budget as bud
@@ -765,10 +766,7 @@ class LeaseBook:
         self.check()
         held = self.table.balance() + self.pins.table.balance()
         pool = self.pool
-        if pool.refs_added != pool.refs_released + held:
-            raise LeaseIntegrityError(
-                f"references added {pool.refs_added} != released {pool.refs_released} + held {held}"
-            )
+        check_refs(pool.refs_added, pool.refs_released, held)
         out = self.snapshot_counters(self.clock())
         out["refs_held"] = float(held)
         out["pin_refs_added"] = float(self.pins.table.ledger.added)

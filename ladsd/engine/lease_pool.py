@@ -39,11 +39,8 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
 
+from ladsd.audit import LeaseIntegrityError
 from ladsd.records import LeaseKind
-
-
-class LeaseIntegrityError(AssertionError):
-    """A block's reference count disagrees with its holders (fails the run)."""
 
 
 @dataclass

@@ -64,7 +64,7 @@ KAPPA_SAMPLES = 15  # timed steps after the warm-up; kappa is their median (abou
 # spinning published thousands of states a second and starved the event loop.
 STALL_WAIT_S = 0.005
 # Commands that only read: under quiet idle (Upkeep) they publish no state.
-_QUERIES = (cmd.Snapshot, cmd.State, cmd.Resident, cmd.Sizes)
+_QUERIES = (cmd.Snapshot, cmd.State, cmd.Sizes)
 Prompt = str | Sequence[int] | Sequence[dict]
 _MP_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
@@ -370,12 +370,6 @@ class EngineThread:
             stamps=done.stamps,
         )
 
-    async def generate(self, prompt: Prompt, params: Any, **kw: Any) -> AsyncIterator[Any]:
-        """Submit and stream (see :meth:`submit` and :meth:`stream`)."""
-        rid = self.submit(prompt, params, **kw)
-        async for out in self.stream(rid):
-            yield out
-
     async def complete(self, prompt: Prompt, params: Any, **kw: Any) -> Completion:
         """Submit and wait for the result (see :meth:`submit` and :meth:`result`)."""
         return await self.result(self.submit(prompt, params, **kw))
@@ -410,9 +404,6 @@ class EngineThread:
         It reflects every command sent before it (one queue, handled in order).
         """
         return await self._ask(cmd.State(check))
-
-    async def resident(self, token_ids: Sequence[int]) -> int:
-        return await self._ask(cmd.Resident(tuple(token_ids)))
 
     async def sizes(self) -> dict[str, int]:
         """Entries per table on both sides of the boundary (all 0 when nothing is in flight).
@@ -717,8 +708,6 @@ class EngineThread:
                 # events it took from the book reach every listener (a reply alone was
                 # dropped when a newer publication overtook it, and its events with it).
                 return self._publish(s.lease_state())
-            case cmd.Resident(ids):
-                return s.lease_resident(list(ids))
             case cmd.Sizes():
                 book = {f"lease_book.{k}": v for k, v in s.lease_book.sizes().items()}
                 return {"requests": len(self._reqs), "first_alloc": len(s.first_alloc), **book}

@@ -23,18 +23,6 @@ from ladsd.records import LEASE_COUNTERS
 
 FORMAT = 1  # bump on any incompatible change of the file layout
 
-# Policy names used across the project (CLI, tables, plots), in table order.
-POLICIES: tuple[str, ...] = (
-    "fifo",
-    "size-first",
-    "tail-release",
-    "cache-first",
-    "cache-first-noleases",
-    "turnover-off",
-    "lads",
-    "infinite-cache",
-)
-
 # Counters every run reports (0 where a policy has no such event); free-form
 # extra counters are allowed beside them.
 COUNTERS: tuple[str, ...] = (

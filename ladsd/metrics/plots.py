@@ -11,9 +11,9 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ladsd.delivery.registry import CANDIDATE, LABELS, label, ordered
 from ladsd.metrics.events import RunRecord
-from ladsd.metrics.summary import STAGES, latencies, ordered, stage_means
-from ladsd.metrics.table import LABELS, label
+from ladsd.metrics.summary import STAGES, latencies, stage_means
 
 _STAGE_LABELS = {
     "sender_wait": "sender wait (s-r)",
@@ -31,7 +31,7 @@ _PALETTE = (
     "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5",
 )
 _DASHES = ("-", "--", "-.", ":")
-_TOP = "lads"  # drawn last, black and thicker: the policy every figure is about
+_TOP = CANDIDATE  # drawn last, black and thicker: the policy every figure is about
 
 
 def style(policy: str) -> dict[str, object]:

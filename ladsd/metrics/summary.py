@@ -18,12 +18,10 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ladsd.audit import LeaseIntegrityError, check_refs
 from ladsd.clock import STAGES
-from ladsd.metrics.events import POLICIES, CallRecord, LeaseSample, RunRecord
-
-
-class AuditError(RuntimeError):
-    """A run whose lease references do not balance (spec 3.3 audit)."""
+from ladsd.delivery.registry import ordered
+from ladsd.metrics.events import CallRecord, LeaseSample, RunRecord
 
 
 def latencies(run: RunRecord) -> dict[str, float]:
@@ -96,17 +94,15 @@ def block_seconds(samples: Sequence[LeaseSample]) -> float:
 
 
 def audit(run: RunRecord) -> None:
-    """Raise :class:`AuditError` unless added lease references equal released ones."""
+    """Raise :class:`LeaseIntegrityError` unless added lease references equal released ones."""
     where = f"run {run.policy}/{run.workload}/seed {run.seed}"
     missing = [k for k in ("refs_added", "refs_released") if k not in run.counters]
     if missing:
-        raise AuditError(f"{where}: counters lack {', '.join(missing)}; cannot audit leases")
-    added, released = run.counters["refs_added"], run.counters["refs_released"]
-    if added != released:
-        raise AuditError(
-            f"{where}: lease references added {added:g} != released {released:g} "
-            f"({added - released:+g} leaked)"
+        raise LeaseIntegrityError(
+            f"{where}: counters lack {', '.join(missing)}; cannot audit leases"
         )
+    added, released = run.counters["refs_added"], run.counters["refs_released"]
+    check_refs(added, released, what=f"{where}: lease references")
 
 
 @dataclass(frozen=True)
@@ -205,26 +201,6 @@ def group(runs: Iterable[RunRecord]) -> dict[str, list[RunRecord]]:
     for r in runs:
         out.setdefault(r.policy, []).append(r)
     return {p: sorted(out[p], key=lambda r: r.seed) for p in ordered(out)}
-
-
-# The neighbouring designs of peers.md as run names (``ladsd compare --peers``), in
-# table order: an engine policy alone runs FIFO delivery on it (``augserve``),
-# ``engine+delivery`` combines them (``augserve+lads``).
-PEERS: tuple[str, ...] = (
-    "augserve",
-    "hear-cache-aware",
-    "hear-guard",
-    "hear-session",
-    "ttl-pin",
-    "augserve+lads",
-)
-
-
-def ordered(policies: Iterable[str]) -> list[str]:
-    """Known policies in table order (POLICIES, then PEERS), then any others alphabetically."""
-    p = set(policies)
-    known = (*POLICIES, *PEERS)
-    return [x for x in known if x in p] + sorted(p - set(known))
 
 
 def reductions(

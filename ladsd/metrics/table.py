@@ -16,10 +16,18 @@ from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
+from ladsd.delivery.registry import (
+    ABLATION,
+    BASELINES,
+    CANDIDATE,
+    PEERS,
+    REFERENCE,
+    label,
+    ordered,
+)
 from ladsd.metrics import yardsticks as yard
 from ladsd.metrics.events import RunRecord
 from ladsd.metrics.summary import (
-    PEERS,
     STAGES,
     Reduction,
     Summary,
@@ -29,41 +37,12 @@ from ladsd.metrics.summary import (
     mean,
     mean_latency,
     noise_floor,
-    ordered,
     p95_latency,
     reductions,
     repeat_spread,
     seed_metric,
     summarize,
 )
-
-CANDIDATE = "lads"
-BASELINES = ("fifo", "size-first", "tail-release")
-ABLATION = ("cache-first", "cache-first-noleases", "turnover-off", "lads-denial")
-REFERENCE = "infinite-cache"
-
-LABELS = {
-    "fifo": "FIFO",
-    "size-first": "Size-first",
-    "tail-release": "Tail-aware",
-    "cache-first": "Cache-first",
-    "cache-first-noleases": "Cache-first (no leases)",
-    "turnover-off": "Turnover-off",
-    "lads": "LADS",
-    "lads-denial": "LADS, override on denial only",
-    "infinite-cache": "Infinite cache (reference)",
-    # peers.md: the neighbouring designs on the same engine
-    "augserve": "AugServe",
-    "hear-cache-aware": "HEAR cache-aware",
-    "hear-guard": "HEAR guard",
-    "hear-session": "HEAR session",
-    "ttl-pin": "TTL pin",
-    "augserve+lads": "AugServe+LADS",
-}
-
-
-def label(policy: str) -> str:
-    return LABELS.get(policy, policy)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ A dropped connection is re-dialled; committed frames not yet acknowledged are
 resent whole, in their order. Nothing is lost silently and nothing hangs: a
 result the receiver keeps rejecting, or that cannot be sent, fails its ticket
 with a clear error; a failing policy or a link that keeps dropping stops the
-sender, fails every outstanding ticket and resolves ``Sender.failure``.
+sender, fails every outstanding ticket with its error and keeps it as ``Sender.error``.
 
 Modules: ``outbox.py`` (queues, window, policy, tickets; no socket),
 ``sender.py`` (dial, pacing, acks, resends), ``receiver.py``, ``control.py``

@@ -48,8 +48,8 @@ class Ticket:
     ``max_drops`` times on it), :class:`Cancelled`, :class:`LinkClosed`, or the
     sender's fatal error (:class:`PolicyError`, :class:`LinkDown`, ...).
     A caller waiting for something the receipt causes (e.g. registration)
-    should wait on ``received`` (or the sender's ``failure``) beside it, so a
-    dead link never leaves it hanging.
+    should wait on ``received`` beside it, so a dead link never leaves it
+    hanging (every ticket fails when the sender stops).
 
     ``s`` is the latest commitment (the delivered one, once ``c`` is known).
     """
@@ -160,14 +160,14 @@ class Outbox:
     at most ``window`` committed; committed frames go on the wire in order
     (fully sent ones, at most one partly sent, then unsent ones), so Q_B is
     the unsent bytes of the committed queue; after a fatal error or close,
-    both queues are empty and ``failure`` carries the reason. Nothing is
+    both queues are empty and ``error`` (or ``closed``) says why. Nothing is
     kept per result once its ticket is settled (received, failed,
     cancelled): counters only.
 
     Fail fast: a policy hook that raises, or a choice that is not pending,
     stops the outbox with :class:`PolicyError`; :meth:`stop` fails every
-    outstanding ticket, makes every later offer raise, and resolves
-    :attr:`failure`.
+    outstanding ticket with its error, keeps it as :attr:`error` and makes
+    every later offer raise it.
     """
 
     def __init__(
@@ -204,8 +204,6 @@ class Outbox:
         self.unsent = asyncio.Event()  # a committed frame has bytes not yet on the wire
         self.closed = False
         self.error: LinkError | None = None  # the fatal error, once stopped
-        self._end: LinkError | None = None  # what ``failure`` carries (error or closed)
-        self._failure: asyncio.Future[None] | None = None
         self.counters: Counter[str] = Counter(dict.fromkeys(OUTBOX_COUNTERS, 0))
         self.decision_s = 0.0  # wall time spent inside policy.choose
 
@@ -253,18 +251,6 @@ class Outbox:
             rate=self.rate,
             overhead=FRAME_OVERHEAD,
         )
-
-    @property
-    def failure(self) -> asyncio.Future[None]:
-        """Fails with the reason once the outbox stops for good (fatal error, or closed).
-
-        Created on first use (needs a running loop); never resolves otherwise.
-        """
-        if self._failure is None:
-            self._failure = asyncio.get_running_loop().create_future()
-            self._failure.add_done_callback(_consume)
-            self._resolve()
-        return self._failure
 
     # ---- inputs
 
@@ -501,7 +487,7 @@ class Outbox:
             self._fail(e, LinkClosed(f"link closed before {e.ticket.cid.key()} was received"))
         self._pending.clear()
         self._committed.clear()
-        self._fail_all(LinkClosed("sender closed"))
+        self._changed()
 
     def check_open(self) -> None:
         if self.error is not None:
@@ -515,9 +501,6 @@ class Outbox:
         self._pending.clear()
         self._committed.clear()
         self._changed()
-        if self._end is None:
-            self._end = err
-            self._resolve()
 
     def _fail(self, e: Entry, err: LinkError) -> None:
         tk = e.ticket
@@ -528,10 +511,6 @@ class Outbox:
                 fut.add_done_callback(_consume)
         self._by_cid.pop(tk.cid, None)
         self.counters["failed"] += 1
-
-    def _resolve(self) -> None:
-        if self._failure is not None and self._end is not None and not self._failure.done():
-            self._failure.set_exception(self._end)
 
     def _changed(self) -> None:
         if self._pending or self._committed:
@@ -588,7 +567,4 @@ class Outbox:
         assert self.unsent.is_set() == (self.next_unsent() is not None), "unsent event disagrees"
         if self.error is not None or self.closed:
             assert not live, "a stopped outbox still holds results"
-            assert self._end is not None
-        if self._failure is not None:
-            assert self._failure.done() == (self._end is not None)
         assert self.counters["commits"] >= len(comm)

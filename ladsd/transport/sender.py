@@ -102,9 +102,9 @@ class Sender:
     same error, when the policy fails (:class:`PolicyError`), when the
     connection drops or cannot be re-dialled more than ``max_drops`` times in
     a row with results outstanding and no answer from the receiver
-    (:class:`LinkDown`), or on any other error of its task. :attr:`failure`
-    then fails with that error (with :class:`LinkClosed` after :meth:`close`),
-    so a caller can ``asyncio.wait`` on it beside its own futures.
+    (:class:`LinkDown`), or on any other error of its task; :attr:`error`
+    then holds it. A caller waits on its ticket's ``received`` beside its own
+    futures: the ticket fails with that error.
 
     Invariants (:meth:`check_integrity`): the outbox's; the drop streak is at
     most ``max_drops`` while running; a closing sender's outbox is closed.
@@ -179,15 +179,6 @@ class Sender:
     def error(self) -> LinkError | None:
         """The fatal error once the sender has died (None while running or after close)."""
         return self.outbox.error
-
-    @property
-    def failure(self) -> asyncio.Future[None]:
-        """Fails with the fatal error when the sender dies (:class:`LinkClosed` after close).
-
-        Never succeeds; await it (or ``asyncio.wait`` on it beside other futures) to
-        stop waiting when the link cannot deliver any more. Needs a running loop.
-        """
-        return self.outbox.failure
 
     def view(self) -> SenderView:
         return self.outbox.view()

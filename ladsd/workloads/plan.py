@@ -6,10 +6,8 @@ first or last), the core policies run ``repeats`` times per seed (their
 repeats are the A/A noise floor), and every run file records the configuration
 it was made with, so a resume never mixes runs of different configurations.
 
-A *run name* names what a run compares: a delivery policy (``lads``), an engine
-policy alone, which delivers FIFO on that engine (``augserve``), or both
-(``augserve+lads``). Run files, tables and plots use the run name;
-:func:`run_parts` takes it apart for the runtime.
+Run files, tables and plots use the run name (ladsd.delivery.registry);
+:class:`~ladsd.delivery.registry.RunName` takes it apart for the runtime.
 """
 
 from __future__ import annotations
@@ -20,47 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ladsd.config import PeerConfig, Profile
-from ladsd.delivery import POLICY_NAMES
-from ladsd.metrics.events import POLICIES
-from ladsd.metrics.summary import PEERS
+from ladsd.delivery.registry import CORE, PEERS, RunName
 from ladsd.modes import EnginePolicy
-
-# Run at least twice per seed: FIFO, Cache-first, LADS and the infinite cache.
-CORE = ("fifo", "cache-first", "lads", "infinite-cache")
-
-# Delivery policies a run may use: the table's policies (with the infinite-cache
-# reference, FIFO on a pool nothing outgrows), then the other registered ones.
-DELIVERY: tuple[str, ...] = (*POLICIES, *(p for p in POLICY_NAMES if p not in POLICIES))
-
-
-def run_parts(name: str) -> tuple[str, EnginePolicy]:
-    """A run name -> (delivery policy, engine policy); ``ValueError`` if it names neither.
-
-    ``lads`` -> (lads, vllm); ``augserve`` -> (fifo, augserve); ``augserve+lads``
-    -> (lads, augserve). ``vllm`` and ``vllm+x`` are accepted and mean ``fifo``, ``x``.
-    """
-    engines = {e.value: e for e in EnginePolicy}
-    head, plus, tail = name.partition("+")
-    delivery, engine = (tail, engines.get(head)) if plus else ("fifo", engines.get(name))
-    if engine is None:
-        if plus:
-            raise ValueError(
-                f"unknown engine policy {head!r} in {name!r}; choose from {', '.join(engines)}"
-            )
-        delivery, engine = name, EnginePolicy.VLLM
-    if delivery not in DELIVERY:
-        raise ValueError(
-            f"unknown policy {delivery!r}; choose from {', '.join(DELIVERY)}, "
-            f"an engine policy ({', '.join(engines)}) or engine+policy (augserve+lads)"
-        )
-    return delivery, engine
-
-
-def run_name(delivery: str, engine: EnginePolicy) -> str:
-    """The canonical run name of (delivery, engine): the inverse of :func:`run_parts`."""
-    if engine is EnginePolicy.VLLM:
-        return delivery
-    return engine.value if delivery == "fifo" else f"{engine.value}+{delivery}"
 
 
 def with_engine(name: str, engine: EnginePolicy) -> str:
@@ -69,9 +28,9 @@ def with_engine(name: str, engine: EnginePolicy) -> str:
     ``--engine-policy augserve`` turns ``lads`` into ``augserve+lads`` and leaves
     ``augserve`` and ``augserve+lads`` as they are; the default changes nothing.
     """
-    delivery, own = run_parts(name)
+    run = RunName.parse(name)
     named = "+" in name or name in {e.value for e in EnginePolicy}
-    return run_name(delivery, own if named else EnginePolicy(engine))
+    return str(run if named else RunName(run.delivery, EnginePolicy(engine)))
 
 
 def with_peers(names: Sequence[str]) -> list[str]:
@@ -88,7 +47,7 @@ def run_flags(flags: Mapping[str, Any], name: str) -> dict[str, Any]:
     Runs on the default engine keep the flags they always had, so run files made
     before engine policies existed still match on resume.
     """
-    _, engine = run_parts(name)
+    engine = RunName.parse(name).engine
     return dict(flags) | ({"engine_policy": engine.value} if engine != EnginePolicy.VLLM else {})
 
 

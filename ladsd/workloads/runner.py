@@ -18,10 +18,10 @@ from typing import Any
 
 from ladsd import clock
 from ladsd.config import Profile
+from ladsd.delivery.registry import PAPER, RunName, unbounded_pool
 from ladsd.engine import cpu
 from ladsd.engine.params import forced
 from ladsd.metrics.events import (
-    POLICIES,
     CallRecord,
     LeaseSample,
     RunRecord,
@@ -32,12 +32,11 @@ from ladsd.records import ContinuationId
 from ladsd.runtime import CallOutcome, Runtime, engine_for, open_runtime
 from ladsd.workloads import sizing
 from ladsd.workloads.cohort import Cohorts
-from ladsd.workloads.plan import run_parts
 from ladsd.workloads.spec import WorkflowSpec, Workload
 
 # The seven policies plus the infinite-cache reference; ``run`` also takes peers'
-# delivery policies and engine policies by run name (ladsd.workloads.plan).
-REPLAY_POLICIES = POLICIES
+# delivery policies and engine policies by run name (ladsd.delivery.registry).
+REPLAY_POLICIES = PAPER
 
 Progress = Callable[[str, int, int], None]  # (workflow, calls done, calls total)
 
@@ -88,7 +87,7 @@ async def run(
     """Run ``workload`` under the run name ``policy_name``; return the run record (audit checked).
 
     ``policy_name`` is a delivery policy, optionally with an engine policy
-    (``augserve``, ``augserve+lads``: :func:`ladsd.workloads.plan.run_parts`); the
+    (``augserve``, ``augserve+lads``: :class:`ladsd.delivery.registry.RunName`); the
     record carries the run name, its meta both parts. ``meta`` is added to the
     record's meta (e.g. the plan's repeat and config).
 
@@ -96,9 +95,10 @@ async def run(
     policy error) cancels the others, the lease audit still runs, and
     :class:`RunFailed` names the cause.
     """
-    delivery, engine_policy = run_parts(policy_name)
+    name = RunName.parse(policy_name)
+    delivery, engine_policy = name.delivery, name.engine
     prof = engine_for(profile, delivery, engine_policy)
-    if prof.pool_rule and delivery != "infinite-cache":
+    if prof.pool_rule and not unbounded_pool(delivery):
         prof = sizing.sized(prof, workload, tool_tokens(prof.engine.model))
     link = prof.link
     if workload.rate_bytes_per_s is not None:
