@@ -31,3 +31,10 @@ def pinned_tree(into: Path) -> Path:
     tar = subprocess.run(["git", "archive", "HEAD"], cwd=ROOT, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=tar.stdout, check=True)
     return dest
+
+
+def result_head(bench: str, stamp: str) -> dict[str, Any]:
+    """What every result file starts with: the bench, when, the git commit, the argv."""
+    import sys
+
+    return {"bench": bench, "created": stamp, "git": git_commit(), "argv": sys.argv[1:]}

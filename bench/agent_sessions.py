@@ -71,7 +71,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import free_port, git_commit, pinned_tree  # noqa: E402
+from _common import free_port, pinned_tree, result_head  # noqa: E402
 from _servers import cpu_dict, engine_settings, linked_home, stop, vllm_command  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -623,10 +623,7 @@ async def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     doc: dict[str, Any] = {
-        "bench": f"agents/{kind}",
-        "created": stamp,
-        "git": git_commit(),
-        "argv": sys.argv[1:],
+        **result_head(f"agents/{kind}", stamp),
         "flags": {k: v for k, v in flags.items() if k not in ("expect_pool", "src", "home")},
         "engine": e | {"headroom_blocks": args.h},
         "machine": {"platform": platform.platform(), "cpu": cpu_dict()},

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import free_port, git_commit, pinned_tree  # noqa: E402
+from _common import free_port, pinned_tree, result_head  # noqa: E402
 from _servers import (  # noqa: E402
     cpu_dict,
     engine_settings,
@@ -270,11 +270,8 @@ async def main() -> None:
     out = args.out or RESULTS / f"serve-life-{args.profile}-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {
-        "bench": "serve_life",
-        "created": stamp,
-        "git": git_commit(),
+        **result_head("serve_life", stamp),
         "flags": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "argv": sys.argv[1:],
         "engine": e,
         "dtype": {
             "asked": args.dtype or PROFILES[args.profile].engine.dtype,

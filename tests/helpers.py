@@ -13,7 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -197,3 +197,17 @@ class Server:
         self.stop()
         self.log.close()
         os.unlink(self.log.name)
+
+
+def audited(*flags: str) -> Iterator[Server]:
+    """A ``ladsd serve`` subprocess for a fixture: ready when yielded; after the tests it
+    must exit 0 with a balanced lease audit."""
+    srv = Server(*flags)
+    try:
+        yield srv.wait_ready()
+    finally:
+        rc = srv.stop()
+        out = srv.output()
+        srv.close()
+    assert rc == 0, out
+    assert "audit balanced" in out, out

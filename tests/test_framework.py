@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CALL_S, Server
+from tests.helpers import CALL_S, Server, audited
 
 pytestmark = pytest.mark.engine
 
@@ -35,15 +35,7 @@ SESSION = "agents-sdk"
 
 @pytest.fixture(scope="module")
 def srv(model_ready) -> Iterator[Server]:
-    s = Server("--model", MODEL, "--policy", "lads", *POOL)
-    try:
-        yield s.wait_ready()
-    finally:
-        rc = s.stop()
-        out = s.output()
-        s.close()
-    assert rc == 0, out
-    assert "audit balanced" in out, out
+    yield from audited("--model", MODEL, "--policy", "lads", *POOL)
 
 
 def loopback(address: Any) -> bool:

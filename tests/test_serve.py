@@ -27,7 +27,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.helpers import CALL_S, FORCE, Server, weather_tool
+from tests.helpers import CALL_S, FORCE, Server, audited, weather_tool
 
 pytestmark = pytest.mark.engine
 
@@ -40,15 +40,7 @@ SYSTEM = "You are a helpful assistant. Use the tools when they help."
 
 
 def serve(*flags: str, pool: list[str] = POOL) -> Iterator[Server]:
-    srv = Server("--model", MODEL, *pool, *flags)
-    try:
-        yield srv.wait_ready()
-    finally:
-        rc = srv.stop()
-        out = srv.output()
-        srv.close()
-    assert rc == 0, out
-    assert "audit balanced" in out, out
+    yield from audited("--model", MODEL, *pool, *flags)
 
 
 def wait_for(what: str, check: Any, timeout: float = CALL_S) -> Any:
