@@ -103,12 +103,19 @@ console = Console()
 @dataclass(frozen=True)
 class Server:
     name: str
-    kind: str  # vllm | ladsd
+    kind: str  # vllm | ladsd | cluster (`ladsd cluster`: replicas behind vllm-router)
     flags: tuple[str, ...] = ()
     intent: bool = False
     env: tuple[tuple[str, str], ...] = ()  # on top of the kind's environment
+    routing: str | None = None  # the router's policy (cluster only)
 
 
+def cluster(name: str, routing: str, policy: str) -> Server:
+    """Two replicas, each with half of ``--kv-blocks`` and half of the cores."""
+    return Server(name, "cluster", ("--policy", policy), policy == "lads", routing=routing)
+
+
+ROUTINGS = (("ch", "consistent_hash"), ("rr", "round_robin"), ("ca", "cache_aware"))
 SERVERS = {
     "vllm": Server("vllm", "vllm"),
     # vLLM with its engine core in the server's process, as ladsd runs its engine: on 2
@@ -124,7 +131,17 @@ SERVERS = {
     ),
     "ttl-pin": Server("ttl-pin", "ladsd", ("--policy", "ttl-pin"), True),
     "hear-session": Server("hear-session", "ladsd", ("--policy", "hear-session"), True),
+    # Two replicas (issue 22): ch = consistent_hash on X-Session-ID, rr = round_robin,
+    # ca = cache_aware (the router's default). ch-lads-aa is the A/A pair of ch-lads.
+    **{
+        f"{tag}-{pol}": cluster(f"{tag}-{pol}", routing, pol)
+        for tag, routing in ROUTINGS
+        for pol in ("lads", "fifo")
+    },
+    "ch-lads-aa": cluster("ch-lads-aa", "consistent_hash", "lads"),
 }
+REPLICAS = 2  # of every cluster server
+SCALE_OUT = "ch-lads,ch-lads-aa,ch-fifo,rr-lads,rr-fifo,ca-lads,ca-fifo,lads,fifo"
 
 
 # ---- text from token ids --------------------------------------------------------------
@@ -265,9 +282,17 @@ def command(sv: Server, args: argparse.Namespace, e: dict[str, Any], port: int) 
         # wants tool parsing on (hermes: the parser is not used for a named choice).
         tools = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
         return cmd + ["--enable-prompt-tokens-details", *tools]
-    cmd = [sys.executable, "-c", "from cli.main import app; app()", "serve", "--port", str(port)]
+    ladsd = [sys.executable, "-c", "from cli.main import app; app()"]
+    pool, h = e["num_gpu_blocks_override"], args.h
+    if sv.kind == "cluster":
+        # The same total pool, split: each replica has 1/N of the blocks (and of H).
+        pool, h = pool // REPLICAS, round(args.headroom * (pool // REPLICAS))
+        cmd = ladsd + ["cluster", "--replicas", str(REPLICAS), "--port", str(port)]
+        cmd += ["--routing", str(sv.routing)]
+    else:
+        cmd = ladsd + ["serve", "--port", str(port)]
     cmd += ["--profile", args.profile, "--model", args.model, "--dtype", e["dtype"]]
-    cmd += ["--kv-blocks", str(e["num_gpu_blocks_override"]), "--headroom-blocks", str(args.h)]
+    cmd += ["--kv-blocks", str(pool), "--headroom-blocks", str(h)]
     cmd += ["--max-num-seqs", str(e["max_num_seqs"]), "--max-model-len", str(e["max_model_len"])]
     return cmd + list(sv.flags)
 
@@ -291,8 +316,8 @@ def vllm_metric(text: str, name: str) -> float:
 
 
 async def pool_of(http: aiohttp.ClientSession, sv: Server, base: str) -> int | None:
-    """The KV pool in blocks as the server itself reports it."""
-    if sv.kind == "ladsd":
+    """The KV pool in blocks as the server itself reports it (a cluster's: each replica's)."""
+    if sv.kind != "vllm":
         _, body = await get(http, f"{base}/v1/engine/state")
         return json.loads(body).get("num_gpu_blocks") if body else None
     _, body = await get(http, f"{base}/metrics")
@@ -301,12 +326,15 @@ async def pool_of(http: aiohttp.ClientSession, sv: Server, base: str) -> int | N
 
 
 async def counters(http: aiohttp.ClientSession, sv: Server, base: str) -> dict[str, float]:
-    if sv.kind == "ladsd":
+    if sv.kind != "vllm":
         _, body = await get(http, f"{base}/v1/engine/state")
         return dict(json.loads(body).get("counters", {})) if body else {}
     _, body = await get(http, f"{base}/metrics")
     names = ("prefix_cache_queries", "prefix_cache_hits", "num_preemptions")
     return {n: vllm_metric(body, f"vllm:{n}") for n in names}
+
+
+REPLICA_LINE = re.compile(r"replica (\S+): (http://\S+) \(pid \d+, cpus ([^,]+), log (\S+)\)")
 
 
 class Running:
@@ -316,12 +344,13 @@ class Running:
         self.sv, self.port = sv, free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if sv.kind == "ladsd" else "1"
-        if sv.kind == "ladsd":
+        ours = sv.kind != "vllm"
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if ours else "1"
+        if ours:
             env["LADSD_HOME"] = str(args.home)
         env |= dict(sv.env)
         self.log = work / f"{sv.name}-{self.port}.log"
-        cwd = args.src if sv.kind == "ladsd" else ROOT
+        cwd = args.src if ours else ROOT
         with open(self.log, "wb") as f:
             self.proc = subprocess.Popen(
                 command(sv, args, e, self.port),
@@ -339,7 +368,17 @@ class Running:
             if time.monotonic() - t0 > START_TIMEOUT_S:
                 raise SystemExit(f"{self.sv.name}: no /health within {START_TIMEOUT_S:.0f} s")
             await asyncio.sleep(0.2)
+        if self.sv.kind == "cluster":  # the router answers /health before it routes
+            while (await get(http, f"{self.base}/v1/models"))[0] != 200:
+                if self.proc.poll() is not None or time.monotonic() - t0 > START_TIMEOUT_S:
+                    raise SystemExit(f"{self.sv.name}: the router never routed; see {self.log}")
+                await asyncio.sleep(0.2)
         return time.monotonic() - t0
+
+    def replicas(self) -> dict[str, dict[str, str]]:
+        """A cluster's replicas as its log names them: url, cpus, log file."""
+        found = REPLICA_LINE.findall(self.log.read_text(errors="replace"))
+        return {n: {"url": u, "cpus": c, "log": lg} for n, u, c, lg in found}
 
     def client(self) -> Any:
         """The official client on this server; no retries (a failure must show)."""
@@ -352,8 +391,11 @@ class Running:
     def stop(self) -> dict[str, Any]:
         """Stop (SIGINT: ladsd drains and audits); the exit code and, for ladsd, the audit."""
         rc = stop(self.proc)
-        audit = "audit balanced" in self.log.read_text(errors="replace")
-        return {"exit": rc, "audit_balanced": audit if self.sv.kind == "ladsd" else None}
+        if self.sv.kind == "vllm":
+            return {"exit": rc, "audit_balanced": None}
+        logs = [Path(r["log"]) for r in self.replicas().values()] or [self.log]
+        audit = all("audit balanced" in lg.read_text(errors="replace") for lg in logs)
+        return {"exit": rc, "audit_balanced": audit}
 
 
 # ---- one run, one pass ----------------------------------------------------------------
@@ -389,28 +431,57 @@ async def one_run(
     try:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             run["start_s"] = await srv.ready(http)
-            run["pool_blocks"] = await pool_of(http, sv, srv.base)
-            if run["pool_blocks"] != args.expect_pool.get(sv.kind):
+            # A cluster is checked and counted replica by replica, each at its own URL.
+            bases = {n: r["url"] for n, r in srv.replicas().items()} or {"": srv.base}
+            if sv.kind == "cluster":
+                run["replicas"] = srv.replicas()
+                if len(bases) != REPLICAS:
+                    raise SystemExit(f"{sv.name}: {len(bases)} replicas in {srv.log}")
+            pools = [await pool_of(http, sv, b) for b in bases.values()]
+            run["pool_blocks"] = sum(p or 0 for p in pools)
+            want = args.expect_pool.get(sv.kind)
+            if any(p != want // len(pools) for p in pools) or run["pool_blocks"] != want:
                 raise SystemExit(
-                    f"{sv.name} reports a pool of {run['pool_blocks']} blocks, expected "
-                    f"{args.expect_pool.get(sv.kind)}: the servers would not be comparable"
+                    f"{sv.name} reports pools of {pools} blocks, {want} expected in all: "
+                    "the servers would not be comparable"
                 )
             client = srv.client()
             await warm(client, args.model)
-            before = await counters(http, sv, srv.base)
+            before = {n: await counters(http, sv, b) for n, b in bases.items()}
             t0 = time.monotonic()
             tasks = [
                 one_session(client, args.model, s, words, tag, sv.intent, t0) for s in w.sessions
             ]
             run["sessions"] = await asyncio.gather(*tasks)
             run["makespan_s"] = time.monotonic() - t0
-            after = await counters(http, sv, srv.base)
-            run["counters"] = {k: v - before.get(k, 0) for k, v in after.items()}
+            per = {}
+            for n, b in bases.items():
+                after = await counters(http, sv, b)
+                per[n] = {k: v - before[n].get(k, 0) for k, v in after.items()}
+            names = next(iter(per.values()))
+            run["counters"] = {k: sum(c.get(k, 0) for c in per.values()) for k in names}
+            if sv.kind == "cluster":
+                run["replica_counters"] = per
+                run["session_replicas"] = await owners(http, bases, run["sessions"], tag)
             await client.close()
     finally:
         run |= srv.stop()
     run["summary"] = summarise(run)
     return run
+
+
+async def owners(
+    http: aiohttp.ClientSession, bases: dict[str, str], sessions: list[dict], tag: str
+) -> dict[str, list[str]]:
+    """Per session, the replicas whose session table knows it (``GET /v1/sessions/{id}``
+    at each replica): one under affinity, more where its turns were spread."""
+    out = {}
+    for s in sessions:
+        sid = f"{tag}-{s['sid'].replace('/', '.')}"
+        out[s["sid"]] = [
+            n for n, b in bases.items() if (await get(http, f"{b}/v1/sessions/{sid}"))[0] == 200
+        ]
+    return out
 
 
 def summarise(run: dict[str, Any]) -> dict[str, float]:
@@ -553,6 +624,28 @@ def ratios(runs: list[dict[str, Any]], key: str, base: str, pair: tuple[str, str
     return out
 
 
+def vs_one(runs: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
+    """Per (seed, repeat): each cluster server's ``key`` over one replica's with the same
+    policy and the same total pool (``rr-fifo`` over ``fifo``)."""
+    cell: dict[tuple[int, int], dict[str, float]] = {}
+    for r in runs:
+        cell.setdefault((r["seed"], r["repeat"]), {})[r["server"]] = r["summary"][key]
+    out: dict[str, list[float]] = {}
+    for c in cell.values():
+        for name, v in c.items():
+            one = c.get(SERVERS[name].flags[1]) if SERVERS[name].kind == "cluster" else None
+            if one:
+                out.setdefault(f"{name}/{SERVERS[name].flags[1]}", []).append(v / one)
+    t = Table(title=f"{key}: 2 replicas over 1 at the same total pool")
+    t.add_column("ratio")
+    t.add_column("values")
+    t.add_column("mean", justify="right")
+    for k, v in out.items():
+        t.add_row(k, " ".join(f"{x:.3f}" for x in v), f"{statistics.mean(v):.3f}")
+    console.print(t)
+    return out
+
+
 # ---- main -----------------------------------------------------------------------------
 
 
@@ -582,6 +675,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--dtype", default=None, help="engine dtype of every server [auto: ladsd's rule]"
     )
+    ap.add_argument(
+        "--scale-out",
+        action="store_true",
+        help=f"two replicas behind vllm-router against one at the same total pool ({SCALE_OUT})",
+    )
     ap.add_argument("--plain", action="store_true", help="the overhead check (vllm, fifo, fifo-aa)")
     ap.add_argument("--plain-servers", default="vllm,fifo,fifo-aa", help="servers of --plain")
     ap.add_argument("--plain-users", type=int, default=8)
@@ -595,11 +693,14 @@ async def main() -> None:
     args = parse_args()
     e = engine_settings(args)
     args.h = round(args.headroom * e["num_gpu_blocks_override"])
-    args.expect_pool = {"ladsd": e["num_gpu_blocks_override"], "vllm": e["num_gpu_blocks_override"]}
+    pool = e["num_gpu_blocks_override"]
+    args.expect_pool = {"ladsd": pool, "vllm": pool, "cluster": pool // REPLICAS * REPLICAS}
     work = Path(tempfile.mkdtemp(prefix="ladsd-bench-agents-"))
     args.src = ROOT if args.no_pin else pinned_tree(work)
     args.home = linked_home(work)
     words = one_token_words(e["model_path"])
+    if args.scale_out:
+        args.servers = SCALE_OUT
     names = (args.plain_servers if args.plain else args.servers).split(",")
     unknown = [n for n in names if n not in SERVERS]
     if unknown:
@@ -618,7 +719,7 @@ async def main() -> None:
     )
     traces = None if args.plain else cc_traces.load(args.traces)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    kind = "plain" if args.plain else "sessions"
+    kind = "plain" if args.plain else "scale-out" if args.scale_out else "sessions"
     out = args.out or RESULTS / f"agents-{kind}-{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     flags = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
@@ -660,6 +761,13 @@ async def main() -> None:
     if args.plain:
         doc["table"] = table(doc["runs"], PLAIN, "plain chat load")
         doc["ratios"] = {k: ratios(doc["runs"], k, "vllm", ("fifo", "fifo-aa")) for k, _ in PLAIN}
+    elif args.scale_out:
+        doc["table"] = table(doc["runs"], COLUMNS, "coding-agent sessions, 2 replicas vs 1")
+        doc["ratios"] = {
+            k: ratios(doc["runs"], k, "ch-lads", ("ch-lads", "ch-lads-aa"))
+            for k in ("session_s", "session_model_s", "cached_frac")
+        }
+        doc["vs_one_replica"] = {k: vs_one(doc["runs"], k) for k in ("session_s", "cached_frac")}
     else:
         doc["table"] = table(doc["runs"], COLUMNS, "coding-agent sessions")
         doc["ratios"] = {

@@ -126,20 +126,54 @@ def report(doc: dict[str, Any], name: str) -> list[str]:
                 if mine:
                     rows.append([server, *(cell([r["summary"][k] for r in mine]) for k, _ in cols)])
             out += md_table(["server", *(h for _, h in cols)], rows) + [""]
+    scale = doc["bench"].endswith("scale-out")
     base, pair = ("vllm", ("fifo", "fifo-aa")) if plain else ("vllm", ("lads", "lads-aa"))
-    for key in ("throughput_tok_s", "p50_s") if plain else ("session_s", "session_model_s"):
+    keys = ("throughput_tok_s", "p50_s") if plain else ("session_s", "session_model_s")
+    if scale:
+        base, pair, keys = "ch-lads", ("ch-lads", "ch-lads-aa"), ("session_s", "cached_frac")
+    for key in keys:
         out += [f"Ratios of `{key}` per seed and repeat:", ""]
         out += md_table(["run", "ratios"], ratio_rows(doc, key, base, pair)) + [""]
+    if scale:
+        out += scale_out(doc)
     if not plain:
         rows = []
         for server, runs in by_server(doc).items():
-            if runs[0]["kind"] != "ladsd":
+            if runs[0]["kind"] == "vllm":
                 continue
             rows.append([server, *(cell([r["counters"].get(c, 0) for r in runs], 1)
                                    for c in COUNTERS)])  # fmt: skip
         out += ["ladsd's lease counters per run (mean, min-max):", ""]
         out += md_table(["server", *COUNTERS], rows) + [""]
     return out
+
+
+def scale_out(doc: dict[str, Any]) -> list[str]:
+    """Two replicas against one at the same total pool, and what each replica did."""
+    out = ["Two replicas over one (same policy, same total pool), per seed and repeat:", ""]
+    rows = [[f"`{key}`: {name}", " ".join(f"{x:.3f}" for x in v), f"{statistics.mean(v):.3f}"]
+            for key, per in doc["vs_one_replica"].items() for name, v in per.items()]  # fmt: skip
+    out += md_table(["ratio", "values", "mean"], rows) + [""]
+    out += ["Per replica (mean over runs): sessions whose turns all reached it, sessions "
+            "spread over both, its mean session latency (its own sessions), lease grants, "
+            "headroom refusals, stalled steps:", ""]  # fmt: skip
+    rows = []
+    for server, runs in by_server(doc).items():
+        if runs[0]["kind"] != "cluster":
+            continue
+        for rep in sorted(runs[0]["replica_counters"]):
+            own = [[s for s in r["sessions"] if r["session_replicas"][s["sid"]] == [rep]]
+                   for r in runs]  # fmt: skip
+            lat = [statistics.mean(s["latency_s"] for s in o) for o in own if o]
+            spread = [sum(len(v) > 1 for v in r["session_replicas"].values()) for r in runs]
+            c = [r["replica_counters"][rep] for r in runs]
+            rows.append([server, rep, cell([float(len(o)) for o in own], 1),
+                         cell([float(x) for x in spread], 1), cell(lat) if lat else "-",
+                         *(cell([x.get(k, 0) for x in c], 1)
+                           for k in ("grants", "headroom_refusals", "stalled_steps"))])  # fmt: skip
+    head = ["server", "replica", "own sessions", "spread sessions", "own session s", "grants",
+            "headroom refusals", "stalled steps"]  # fmt: skip
+    return out + md_table(head, rows) + [""]
 
 
 def save(fig: Figure, path: Path) -> None:
@@ -202,6 +236,10 @@ def main(folder: str) -> None:
     if sessions:
         cdf(sessions[0], root / "sessions-cdf.png")
         out += ["![session latency CDF](sessions-cdf.png)", ""]
+    scaled = [d for n, d in docs.items() if n.startswith("scale-out-") and d.get("runs")]
+    if scaled:
+        cdf(scaled[0], root / "scale-out-cdf.png")
+        out += ["![two replicas vs one: session latency CDF](scale-out-cdf.png)", ""]
     swept = [d for n, d in docs.items() if n.startswith(("sweep-", "sessions-")) and d.get("runs")]
     if len(swept) > 1:
         sweep(swept, root / "sweep.png")

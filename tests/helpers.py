@@ -211,3 +211,24 @@ def audited(*flags: str) -> Iterator[Server]:
         srv.close()
     assert rc == 0, out
     assert "audit balanced" in out, out
+
+
+def bench_script(name: str) -> Any:
+    """``bench/<name>.py`` as a module, loaded by path under ``bench_<name>`` with sys.path
+    restored: bench/ on the path would shadow packages (the OpenAI Agents SDK is
+    ``agents``), and the scripts add bench/ themselves."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    if f"bench_{name}" in sys.modules:
+        return sys.modules[f"bench_{name}"]
+    path = list(sys.path)
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", root / f"bench/{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[f"bench_{name}"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    sys.path[:] = path
+    for helper in ("_common", "_servers"):  # bench helpers, not packages other tests import
+        sys.modules.pop(helper, None)
+    return mod

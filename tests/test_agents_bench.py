@@ -9,7 +9,6 @@ Nothing here asserts a time.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -20,19 +19,10 @@ import pytest
 
 from ladsd.engine import models
 from ladsd.workloads import cc_traces
+from tests.helpers import bench_script
 
 ROOT = Path(__file__).resolve().parents[1]
-# Loaded by path under its own name and with sys.path restored: bench/ on the path would
-# shadow packages (the OpenAI Agents SDK is ``agents``), and the script adds bench/ itself.
-_path = list(sys.path)
-_spec = importlib.util.spec_from_file_location("bench_sessions", ROOT / "bench/agent_sessions.py")
-assert _spec is not None and _spec.loader is not None
-agents = importlib.util.module_from_spec(_spec)
-sys.modules["bench_sessions"] = agents  # dataclasses look their module up there
-_spec.loader.exec_module(agents)
-sys.path[:] = _path
-for _name in ("_common", "_servers"):  # bench helpers, not packages other tests import
-    sys.modules.pop(_name, None)
+agents = bench_script("agent_sessions")
 
 needs_traces = pytest.mark.skipif(
     not cc_traces.DEFAULT_TRACES.is_dir(), reason="../shared/data/cc-traces is absent"
