@@ -50,9 +50,11 @@ def cell(xs: list[float], digits: int = 3) -> str:
 
 
 def by_server(doc: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The runs per server, without those marked ``disturbed`` (listed by :func:`report`)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for r in doc["runs"]:
-        out.setdefault(r["server"], []).append(r)
+        if not r.get("disturbed"):
+            out.setdefault(r["server"], []).append(r)
     return out
 
 
@@ -64,7 +66,8 @@ def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
 def ratio_rows(doc: dict[str, Any], key: str, base: str, pair: tuple[str, str]) -> list[list[str]]:
     cells: dict[tuple[int, int], dict[str, float]] = {}
     for r in doc["runs"]:
-        cells.setdefault((r["seed"], r["repeat"]), {})[r["server"]] = r["summary"][key]
+        if not r.get("disturbed"):
+            cells.setdefault((r["seed"], r["repeat"]), {})[r["server"]] = r["summary"][key]
     rows = []
     for (seed, rep), c in sorted(cells.items()):
         if base not in c:
@@ -105,6 +108,10 @@ def report(doc: dict[str, Any], name: str) -> list[str]:
     plain = doc["bench"].endswith("plain")
     cols = PLAIN_COLS if plain else SESSION_COLS
     out = [f"## {name}", ""] + meta_lines(doc, name)
+    for r in doc["runs"]:
+        if r.get("disturbed"):
+            out += [f"Left out: {r['server']}, seed {r['seed']}, repeat {r['repeat']}: "
+                    f"{r['disturbed']}.", ""]  # fmt: skip
     rows = []
     for server, runs in by_server(doc).items():
         vals = [cell([r["summary"][k] for r in runs], 1 if k == "throughput_tok_s" else 3)
