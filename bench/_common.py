@@ -34,7 +34,11 @@ def pinned_tree(into: Path) -> Path:
 
 
 def result_head(bench: str, stamp: str) -> dict[str, Any]:
-    """What every result file starts with: the bench, when, the git commit, the argv."""
+    """What every result file starts with: the bench, when, the git commit, the argv,
+    and the CPU (model, notable flags, native bf16: ladsd.engine.cpu.meta)."""
     import sys
 
-    return {"bench": bench, "created": stamp, "git": git_commit(), "argv": sys.argv[1:]}
+    from ladsd.engine import cpu
+
+    head = {"bench": bench, "created": stamp, "git": git_commit(), "argv": sys.argv[1:]}
+    return head | cpu.meta()

@@ -14,9 +14,12 @@ Observations are rendered as tool messages (the controlled workload has no
 recorded suffix ids, which only trace workloads carry).
 
 It prints both ratios to link time (targets: ~0.5-0.8 with reuse, ~1.7-3 without),
-and, last, one JSON line. Never asserts.
+the same at the dilation a pass would measure on this CPU (kappa / the profile's
+reference for the dtype: the check that the profile ports to it), the CPU, and,
+last, one JSON line. Never asserts.
 
     .venv/bin/python bench/calibrate.py --profile cpu [--model smollm2-shape-8l] [--seed 1]
+        [--dtype float32]
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from rich.table import Table
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from ladsd.config import FRAME_OVERHEAD, PROFILES, Profile  # noqa: E402
+from ladsd.config import FRAME_OVERHEAD, PROFILES, Profile, kappa_ref  # noqa: E402
+from ladsd.engine import cpu  # noqa: E402
 from ladsd.engine.params import forced  # noqa: E402
 from ladsd.engine.thread import EngineThread  # noqa: E402
 from ladsd.runtime import engine_for  # noqa: E402
@@ -42,9 +46,12 @@ from ladsd.workloads.runner import tool_message  # noqa: E402
 from ladsd.workloads.spec import Workload  # noqa: E402
 
 
-async def engine_time(wl: Workload, prof: Profile, caching: bool) -> tuple[float, int, float]:
+async def engine_time(
+    wl: Workload, prof: Profile, caching: bool
+) -> tuple[float, int, float, str]:
     """Makespan of every model call of ``wl`` run straight into the engine, cached
-    tokens, and the engine's kappa (the reference a profile's ``kappa_ref_s`` records)."""
+    tokens, the engine's kappa (the reference a profile's ``kappa_ref_s`` records) and
+    the dtype it ran."""
     eng_cfg = replace(prof.engine, enable_prefix_caching=caching)
     async with EngineThread(eng_cfg, replace(prof.lease, enabled=False)) as eng:
         render = tool_message(eng.tokenizer)
@@ -62,7 +69,7 @@ async def engine_time(wl: Workload, prof: Profile, caching: bool) -> tuple[float
 
         t0 = time.perf_counter()
         cached = sum(await asyncio.gather(*(flow(w) for w in wl.workflows)))
-        return time.perf_counter() - t0, cached, eng.kappa
+        return time.perf_counter() - t0, cached, eng.kappa, eng.dtype
 
 
 def link_time(wl: Workload, rate: float) -> float:
@@ -73,11 +80,17 @@ async def main_async(a: argparse.Namespace) -> dict:
     prof = PROFILES[a.profile]
     if a.model:
         prof = replace(prof, engine=replace(prof.engine, model=a.model))
+    if a.dtype:  # e.g. float32: how kappa_ref_s's float32 reference is measured
+        prof = replace(prof, engine=replace(prof.engine, dtype=a.dtype))
     wl = controlled.build(prof.workload, a.seed, controlled.archive_from_catalog())
     link = link_time(wl, prof.link.rate_bytes_per_s)
     big = engine_for(prof, "infinite-cache")
-    reuse, cached, kappa = await engine_time(wl, big, True)
-    none, _, kappa2 = await engine_time(wl, big, False)
+    reuse, cached, kappa, dtype = await engine_time(wl, big, True)
+    none, _, kappa2, _ = await engine_time(wl, big, False)
+    # The check on the CPU a pass runs: at the dilation a pass would measure here, the
+    # link is that much slower, so the ratios it would run at are these / d.
+    ref = kappa_ref(prof, dtype) if not a.model else None  # the profile's own model only
+    d = (kappa + kappa2) / 2 / ref if ref else 1.0
     return {
         "profile": prof.name,
         "model": prof.engine.model,
@@ -90,6 +103,12 @@ async def main_async(a: argparse.Namespace) -> dict:
         "ratio_noreuse": none / link,
         "cached_tokens_reuse": cached,
         "kappa_s": [kappa, kappa2],
+        "dtype": dtype,
+        "kappa_ref_s": ref,
+        "dilation": d,
+        "ratio_reuse_dilated": reuse / link / d,
+        "ratio_noreuse_dilated": none / link / d,
+        **cpu.meta(),
     }
 
 
@@ -98,6 +117,7 @@ def main() -> None:
     ap.add_argument("--profile", default="cpu", choices=sorted(PROFILES))
     ap.add_argument("--model", default=None, help="override the profile's model shape")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--dtype", default=None, choices=cpu.DTYPES, help="the engine's dtype")
     res = asyncio.run(main_async(ap.parse_args()))
     t = Table(
         "quantity", "seconds", "/ link", title=f"calibration: {res['profile']} ({res['model']})"
@@ -107,6 +127,12 @@ def main() -> None:
     t.add_row("engine, no reuse", f"{res['engine_noreuse_s']:.1f}", f"{res['ratio_noreuse']:.2f}")
     Console().print(t)
     print(f"kappa (one 512-token step) at the two engine starts: {res['kappa_s']}")
+    print(f"dtype {res['dtype']} on {res['cpu_model']} ({' '.join(res['cpu_flags'])})")
+    print(
+        f"at this CPU's dilation {res['dilation']:.2f} (mean kappa / reference "
+        f"{res['kappa_ref_s']}): reuse {res['ratio_reuse_dilated']:.2f}, "
+        f"no reuse {res['ratio_noreuse_dilated']:.2f} of the dilated link time"
+    )
     print("targets: reuse ~0.5-0.8 of link time, no reuse ~1.7-3x")
     print(orjson.dumps(res).decode())
 

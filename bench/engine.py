@@ -21,6 +21,7 @@ from rich.table import Table
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from ladsd.config import EngineConfig  # noqa: E402
+from ladsd.engine import cpu  # noqa: E402
 from ladsd.engine.params import sampling  # noqa: E402
 from ladsd.engine.thread import EngineThread  # noqa: E402
 
@@ -68,6 +69,7 @@ def main() -> None:
     a = ap.parse_args()
     res = asyncio.run(run(a.model, a.prefill, a.decode))
     res["machine"] = f"{platform.machine()} {os.cpu_count()} cpus"
+    res |= cpu.meta()  # the CPU model and flags
     t = Table("metric", "value", title=f"engine benchmark ({a.model})")
     t.add_row("start-up (s)", f"{res['startup_s']:.2f}")
     t.add_row("kappa: one 512-token step (s)", f"{res['kappa_s']:.3f}")

@@ -7,9 +7,13 @@
 #   others once; each (seed, repeat) block in a rotated policy order.
 # Resumable: finished runs are read back from OUT (default bench/results/cpu-quarter)
 # after checking that they were made with the same configuration.
+# One link dilation for the whole pass: the first compare that runs anything measures
+# kappa once (a probe engine start) and writes OUT/dilation.json; every other compare
+# (and a resume) uses that one, and every run scales its link rate and time constants
+# by it (docs/profiles.md). --dilation D sets it instead of measuring.
 #   bench/paper_cpu.sh [--workload controlled|controlled-c16|web-burst|captured|captured-scaled]
 #                      [--policies a,b] [--seeds 1,2] [--repeats N] [--kv-blocks N]
-#                      [--profile NAME] [--peers]   (OUT=dir to write elsewhere)
+#                      [--profile NAME] [--peers] [--dilation D]   (OUT=dir to write elsewhere)
 #   --peers adds the neighbouring designs (augserve, hear-*, ttl-pin, augserve+lads;
 #   README, Peers) to controlled cohort-8, web-burst, captured and captured-scaled
 #   (not cohort-16).
@@ -28,6 +32,7 @@ SEEDS=""
 REPEATS=2
 EXTRA=()
 PEERS=()
+DILATION=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --workload) ONLY=$2; shift 2 ;;
@@ -37,6 +42,7 @@ while [ $# -gt 0 ]; do
     --profile) PROFILE=$2; shift 2 ;;
     --kv-blocks) EXTRA=(--kv-blocks "$2"); shift 2 ;;
     --peers) PEERS=(--peers); shift ;;
+    --dilation) DILATION=(--dilation "$2"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -46,7 +52,7 @@ compare() {  # name workload default-seeds [extra args]
   local name=$1 wl=$2 seeds=${SEEDS:-$3}; shift 3
   [ -z "$ONLY" ] || [ "$ONLY" = "$name" ] || return 0
   .venv/bin/ladsd compare --profile "$PROFILE" --workload "$wl" --seeds "$seeds" \
-    --policies "$POLICIES" --repeats "$REPEATS" --out "$OUT" "${EXTRA[@]}" "$@"
+    --policies "$POLICIES" --repeats "$REPEATS" --out "$OUT" "${EXTRA[@]}" "${DILATION[@]}" "$@"
 }
 compare controlled controlled 1,2,3,4,5 --cohort 8 "${PEERS[@]}"
 compare controlled-c16 controlled 1,2,3 --cohort 16

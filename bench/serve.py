@@ -68,6 +68,7 @@ from _common import free_port, git_commit, pinned_tree  # noqa: E402
 
 from ladsd.agent import actions  # noqa: E402
 from ladsd.agent.prompt import system_prompt, user_prompt  # noqa: E402
+from ladsd.engine import cpu  # noqa: E402
 from ladsd.workloads import trace as tr  # noqa: E402
 from web_catalog.tasks import load_tasks  # noqa: E402
 
@@ -612,7 +613,7 @@ async def main() -> None:
                 args.trace.relative_to(ROOT) if args.trace.is_relative_to(ROOT) else args.trace
             ),
         },
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), **cpu.meta()},
         "complete": False,
         "aggregate": {},
         "runs": [],

@@ -20,6 +20,7 @@ from ladsd.delivery import registry
 from ladsd.engine import cpu
 from ladsd.metrics import events, summary, table
 from ladsd.modes import EnginePolicy
+from ladsd.workloads import dilation as dil
 from ladsd.workloads import plan as planning
 from ladsd.workloads import sizing
 from ladsd.workloads.factory import WORKLOADS, make
@@ -163,6 +164,7 @@ def run_one(
     cohort: int | None,
     trace: Path | None,
     meta: dict | None = None,
+    dilation: dil.PassDilation | None = None,
 ) -> tuple[events.RunRecord, float]:
     """One run with its progress line; returns the record and its wall time in seconds."""
     from ladsd.workloads.runner import run
@@ -170,8 +172,75 @@ def run_one(
     wl = make(workload, prof, seed, cohort=cohort, trace=trace)
     t0 = time.monotonic()
     with RunProgress(console, label, wl) as progress:
-        rec = asyncio.run(run(wl, prof, policy, progress, meta))
+        rec = asyncio.run(run(wl, prof, policy, progress, meta, dilation=dilation))
     return rec, time.monotonic() - t0
+
+
+DILATION_HELP = (
+    "The pass's link dilation: every run's link rate / D and its time constants (lease "
+    "lifetime, tick, record age, cohort timeout, arrivals, tool times) x D [default: "
+    "measured once at the start of the pass: kappa / the profile's kappa_ref for the dtype]."
+)
+
+
+def pass_dilation(
+    prof: Profile, given: float | None, out: Path | None = None, resume: bool = True
+) -> dil.PassDilation:
+    """The one dilation of this pass: ``--dilation``, the one stored in ``out`` by an
+    earlier part of the pass (a resume, another workload of paper_cpu.sh), or measured
+    now by one probe engine start; a compare stores it in ``out/dilation.json``."""
+    where = out / dil.FILE if out is not None else None
+    try:
+        stored = dil.load(out) if out is not None and resume else None
+        if stored is not None:
+            stored.check(prof, where or Path(dil.FILE))
+    except ValueError as e:  # unreadable, or measured for another profile or CPU
+        raise typer.BadParameter(str(e), param_hint="--out") from None
+    if stored is not None:
+        if given is not None and given != stored.dilation:
+            raise typer.BadParameter(
+                f"{where} says this folder's pass runs at dilation "
+                f"{stored.dilation:.4g}; --dilation {given:g} would mix two in one pass: "
+                "use another --out or --no-resume",
+                param_hint="--dilation",
+            )
+        pd = stored
+    elif given is not None:
+        try:
+            pd = dil.given(prof, given)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--dilation") from None
+    else:
+        with console.status("measuring kappa once for the pass's link dilation ..."):
+            pd = asyncio.run(dil.measure(prof))
+    if out is not None and stored is None:
+        dil.save(pd, out)
+    console.print(describe_dilation(pd, stored is not None))
+    return pd
+
+
+def describe_dilation(pd: dil.PassDilation, stored: bool = False) -> str:
+    """One line: the pass's dilation and where it came from."""
+    if pd.source == "none":
+        return "link dilation 1 (the profile has no kappa reference)"
+    how = "given"
+    if pd.kappa_s is not None and pd.kappa_ref_s is not None:
+        how = f"kappa {pd.kappa_s * 1e3:.1f} ms / reference {pd.kappa_ref_s * 1e3:.1f} ms"
+        how += f", {pd.dtype}"
+    where = ", this folder's pass" if stored else ""
+    return f"link dilation {pd.dilation:.3f} ({how}{where}): one for every run of this pass"
+
+
+def check_dilation(rec: events.RunRecord, pd: dil.PassDilation, path: Path) -> None:
+    """Refuse to add runs to a folder whose run ``rec`` was made at another dilation."""
+    d = float(rec.meta.get("dilation", 1.0))
+    per_run = "dilation_pass" not in rec.meta and pd.source != "none"
+    if d != pd.dilation or per_run:
+        how = "its own (per-run) dilation" if per_run else "another pass's dilation"
+        raise typer.BadParameter(
+            f"{path} was made at {how} {d:.4g}, this pass runs at {pd.dilation:.4g}: "
+            "one pass has one dilation; use another --out or --no-resume"
+        )
 
 
 def print_grids(grids: Sequence[table.Grid]) -> None:
@@ -205,6 +274,7 @@ def replay(
     trace: Path = typer.Option(None, help="Trace for web-burst/captured [default: traces/]."),
     kv_blocks: int = typer.Option(None, help="Override the profile's KV pool (blocks)."),
     dtype: str = dtype_option(),
+    dilation: float = typer.Option(None, help=DILATION_HELP),
     json_out: Path = typer.Option(None, "--json", help="Write the run records (JSON list)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
@@ -220,12 +290,16 @@ def replay(
     sums: list[summary.Summary] = []
     with logs.session("replay", verbose) as log:
         errors = _run_errors()
+        try:  # one dilation for every seed of this replay
+            pd = pass_dilation(prof, dilation)
+        except errors as e:
+            raise fail("measuring the link dilation: ", e, log) from None
         for i, seed in enumerate(seed_list, start=1):
             label = f"{policy} seed {seed}"
             if len(seed_list) > 1:
                 label = f"run {i}/{len(seed_list)} {label}"
             try:
-                rec, took = run_one(label, policy, workload, prof, seed, cohort, trace)
+                rec, took = run_one(label, policy, workload, prof, seed, cohort, trace, None, pd)
             except errors as e:
                 raise fail(f"{policy} seed {seed}: ", e, log) from None
             runs.append(rec)
@@ -258,6 +332,7 @@ def compare(
     trace: Path = typer.Option(None, help="Trace for web-burst/captured."),
     kv_blocks: int = typer.Option(None, help="Override the profile's KV pool (blocks)."),
     dtype: str = dtype_option(),
+    dilation: float = typer.Option(None, help=DILATION_HELP),
     repeats: int = typer.Option(
         2, help="Runs per seed of FIFO, Cache-first, LADS and the infinite cache (A/A pairs)."
     ),
@@ -271,7 +346,9 @@ def compare(
     policies run --repeats times per seed and their repeats are the noise floor.
     Every run file records its configuration; a resume refuses a file made with
     another one. With --peers, the neighbouring designs run beside them (once per
-    seed) and -peers.md / -peers.json hold their tables.
+    seed) and -peers.md / -peers.json hold their tables. The link dilation is
+    measured once, kept in --out's dilation.json, and every run of the folder uses
+    it (a resume too; files made at another dilation are refused).
     """
     _check_workload(workload)
     names = parse_policies(policies, parse_engine(engine_policy))
@@ -297,6 +374,12 @@ def compare(
     legacy = 0
     with logs.session("compare", verbose) as log:
         errors = _run_errors() if len(stored) < n else ()  # () when nothing runs: no vLLM import
+        pd = None  # nothing runs (a re-render): no dilation is measured
+        if len(stored) < n:
+            try:
+                pd = pass_dilation(prof, dilation, out, resume)
+            except errors as e:
+                raise fail("measuring the link dilation: ", e, log) from None
         for i, slot in enumerate(slots, start=1):
             seed, pol, path = slot.seed, slot.policy, slot.path
             head = f"run {i}/{n} {pol} seed {seed}" + (
@@ -312,6 +395,8 @@ def compare(
                         raise typer.BadParameter(str(e)) from None
                 else:
                     legacy += 1  # written before run files recorded their configuration
+                if pd is not None:  # runs are added to this folder: at one dilation
+                    check_dilation(rec, pd, path)
                 note = "read back"
             else:
                 meta = {
@@ -320,7 +405,7 @@ def compare(
                     "config": want,
                 }
                 try:
-                    rec, dt = run_one(head, pol, workload, prof, seed, cohort, trace, meta)
+                    rec, dt = run_one(head, pol, workload, prof, seed, cohort, trace, meta, pd)
                 except errors as e:
                     raise fail(f"{head}: ", e, log) from None
                 events.save(rec, path)

@@ -11,7 +11,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ladsd.delivery.registry import CANDIDATE, LABELS, label, ordered
+from ladsd.delivery.registry import CANDIDATE, label, ordered
 from ladsd.metrics.events import RunRecord
 from ladsd.metrics.summary import STAGES, latencies, stage_means
 
@@ -23,27 +23,52 @@ _STAGE_LABELS = {
 }
 
 
-# tab20's pairs: a strong and a light tone of ten hues; with four dash patterns every
-# known policy gets its own (colour, dash) and no two share a colour.
-_PALETTE = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-    "#7f7f7f", "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896",
-    "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5",
-)
-_DASHES = ("-", "--", "-.", ":")
+# One fixed style per registered run name: fourteen hue families (no light tint of
+# another's colour: tab20's pairs drew FIFO and HEAR guard both blue), a dash mostly
+# by group (baselines solid, ablations dashed, peers dash-dot, the reference dotted)
+# and a marker each; two hues that are near (teal and cyan, olive and gold, lime and
+# green) differ in dash and marker too (tests/test_plot_styles.py). Every colour is
+# dark enough to read on white; LADS is black, thicker, unmarked and drawn last.
+_SOLID, _DASHED, _DASHDOT, _DOTTED = "-", (0, (5, 2)), (0, (6, 2, 1.5, 2)), (0, (1.5, 1.5))
+_DASHDOTDOT = (0, (6, 2, 1.5, 2, 1.5, 2))
+STYLES: dict[str, tuple[str, object, str]] = {
+    "fifo": ("#1f5fd6", _SOLID, "o"),  # blue
+    "size-first": ("#e8710a", _SOLID, "s"),  # orange
+    "tail-release": ("#1e9c3c", _SOLID, "^"),  # green
+    "cache-first": ("#d3212d", _DASHED, "v"),  # red
+    "cache-first-noleases": ("#8a2be2", _DASHED, "D"),  # violet
+    "turnover-off": ("#8b5a2b", _DASHED, "P"),  # brown
+    "lads-denial": ("#e0249a", _DASHED, "X"),  # magenta
+    "infinite-cache": ("#6e6e6e", _DOTTED, "*"),  # grey
+    "augserve": ("#808000", _DASHDOT, "<"),  # olive
+    "hear-cache-aware": ("#0fa3b8", _DASHDOT, ">"),  # cyan
+    "hear-guard": ("#b8860b", _DOTTED, "h"),  # gold
+    "hear-session": ("#7a0019", _DASHDOT, "p"),  # maroon
+    "ttl-pin": ("#2f8f83", _DASHDOTDOT, "d"),  # teal
+    "augserve+lads": ("#6fae1f", _DASHDOTDOT, "8"),  # lime
+}
+LEGEND_PT = 9.0
 _TOP = CANDIDATE  # drawn last, black and thicker: the policy every figure is about
+_OTHER_DASHES = (_SOLID, _DASHED, _DASHDOT, _DOTTED)
 
 
 def style(policy: str) -> dict[str, object]:
-    """Line style of ``policy``: its own colour and dash; LADS black, thick, on top."""
+    """Line style of ``policy`` from :data:`STYLES`; LADS black, thick, on top.
+
+    A name outside the table (a new policy not yet given a style) gets grey in a
+    dash picked from its name, so a figure still draws.
+    """
     if policy == _TOP:
-        return {"color": "black", "linestyle": "-", "linewidth": 2.2, "zorder": 10}
-    others = [p for p in LABELS if p != _TOP]
-    i = others.index(policy) if policy in others else len(others) + sum(map(ord, policy))
+        return {"color": "black", "linestyle": _SOLID, "linewidth": 2.4, "zorder": 10}
+    dash = _OTHER_DASHES[sum(map(ord, policy)) % len(_OTHER_DASHES)]
+    color, dash, marker = STYLES.get(policy, ("#9e9e9e", dash, ""))
     return {
-        "color": _PALETTE[i % len(_PALETTE)],
-        "linestyle": _DASHES[i % len(_DASHES)],
-        "linewidth": 1.4,
+        "color": color,
+        "linestyle": dash,
+        "linewidth": 1.5,
+        "marker": marker,
+        "markersize": 4.5,
+        "markevery": 0.12,  # a few per curve: they name it, not its points
         "zorder": 2,
     }
 
@@ -63,7 +88,7 @@ def latency_cdf(runs: Mapping[str, Sequence[RunRecord]], path: str | Path) -> Pa
 
 def cdf_figure(runs: Mapping[str, Sequence[RunRecord]]) -> Figure:
     """The figure :func:`latency_cdf` writes (one line per policy, in table order)."""
-    fig = Figure(figsize=(9, 4.5), layout="constrained")
+    fig = Figure(figsize=(10, 5.2), layout="constrained")
     ax = fig.add_subplot()
     for p in ordered(runs):
         lat = sorted(x for r in runs[p] for x in latencies(r).values())
@@ -77,8 +102,12 @@ def cdf_figure(runs: Mapping[str, Sequence[RunRecord]]) -> Figure:
     ax.set_ylabel("fraction of workflows")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    # Beside the axes: fifteen entries inside would cover the curves.
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    # Beside the axes (fifteen entries inside would cover the curves), 9 pt, with
+    # handles long enough to show each dash pattern.
+    ax.legend(
+        fontsize=LEGEND_PT, handlelength=3.6, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+        frameon=False,
+    )
     return fig
 
 

@@ -105,6 +105,9 @@ def config(prof: Profile, workload: str, seed: int, flags: Mapping[str, Any]) ->
     """
     p = asdict(prof)
     p.pop("extra", None)
+    # It only sets a pass's dilation, which the pass checks on every file itself
+    # (cli compare): files made before it existed still re-render.
+    p.pop("kappa_ref_float32_s", None)
     if prof.peers == PeerConfig():
         p.pop("peers", None)
     return {"profile": p, "workload": workload, "seed": seed, "flags": dict(flags)}

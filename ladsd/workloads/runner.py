@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ladsd import clock
-from ladsd.config import Profile
+from ladsd.config import Profile, kappa_ref
 from ladsd.delivery.registry import PAPER, RunName, unbounded_pool
 from ladsd.engine import cpu
 from ladsd.engine.params import forced
@@ -30,6 +30,7 @@ from ladsd.metrics.events import (
 )
 from ladsd.records import ContinuationId
 from ladsd.runtime import CallOutcome, Runtime, engine_for, open_runtime
+from ladsd.workloads import dilation as dil
 from ladsd.workloads import sizing
 from ladsd.workloads.cohort import Cohorts
 from ladsd.workloads.spec import WorkflowSpec, Workload
@@ -83,6 +84,8 @@ async def run(
     policy_name: str,
     progress: Progress | None = None,
     meta: dict[str, Any] | None = None,
+    *,
+    dilation: dil.PassDilation | None = None,
 ) -> RunRecord:
     """Run ``workload`` under the run name ``policy_name``; return the run record (audit checked).
 
@@ -90,6 +93,10 @@ async def run(
     (``augserve``, ``augserve+lads``: :class:`ladsd.delivery.registry.RunName`); the
     record carries the run name, its meta both parts. ``meta`` is added to the
     record's meta (e.g. the plan's repeat and config).
+
+    ``dilation`` is the pass's (:mod:`ladsd.workloads.dilation`): the run plays
+    the profile and the workload that many times slower (link rate / d, every time
+    constant x d). None: this run is a pass of its own and measures one first.
 
     Fails fast: the first failing workflow (a failed link, a dead engine, a
     policy error) cancels the others, the lease audit still runs, and
@@ -100,16 +107,24 @@ async def run(
     prof = engine_for(profile, delivery, engine_policy)
     if prof.pool_rule and not unbounded_pool(delivery):
         prof = sizing.sized(prof, workload, tool_tokens(prof.engine.model))
-    link = prof.link
-    if workload.rate_bytes_per_s is not None:
-        link = replace(link, rate_bytes_per_s=workload.rate_bytes_per_s)
-    link = replace(link, codec=workload.codec)
+    pd = dilation or await dil.measure(prof)
+    # The dilation is applied here, before the engine starts (its lease lifetime and
+    # tick are the engine's); without a reference open_runtime applies none again.
+    slow = dil.dilated(prof, pd.dilation)
+    slow = replace(slow, kappa_ref_s=None, kappa_ref_float32_s=None)
+    wl = dil.dilated_workload(workload, pd.dilation)
+    link = slow.link
+    if wl.rate_bytes_per_s is not None:
+        link = replace(link, rate_bytes_per_s=wl.rate_bytes_per_s)
+    link = replace(link, codec=wl.codec)
     rt: Runtime | None = None
     try:
-        async with open_runtime(prof, delivery, link=link, engine_policy=engine_policy) as rt:
-            rec = await _run(workload, prof, policy_name, rt, progress)
+        async with open_runtime(slow, delivery, link=link, engine_policy=engine_policy) as rt:
+            rec = await _run(wl, prof, policy_name, rt, progress)
             parts = {"delivery_policy": delivery, "engine_policy": engine_policy.value}
-            return replace(rec, meta={**rec.meta, **parts, **(meta or {})})
+            timing = _dilation_meta(pd, rt, prof, dil.time_constants(slow, wl))
+            own = {"inputs": inputs_dict(workload)}  # as built, before the dilation
+            return replace(rec, meta={**rec.meta, **parts, **timing, **own, **(meta or {})})
     except Exception as e:
         audit = rt.audit if rt is not None else None
         if isinstance(e, RunFailed):
@@ -298,7 +313,6 @@ def _meta(prof: Profile, rt: Runtime, wl: Workload) -> dict[str, Any]:
         "vllm": vllm.__version__,
         "git": git_commit(),
         "kappa_s": eng.kappa,
-        "dilation": rt.dilation,
         "link_rate_bytes_per_s": rt.link.rate_bytes_per_s,
         "engine_startup_s": eng.startup_s,
         # The dtype vLLM ran (profile's engine.dtype is the one asked) and the CPU that
@@ -307,6 +321,22 @@ def _meta(prof: Profile, rt: Runtime, wl: Workload) -> dict[str, Any]:
         **cpu.meta(),
         "profile": _profile_dict(prof),
         "inputs": inputs_dict(wl),
+    }
+
+
+def _dilation_meta(
+    pd: dil.PassDilation, rt: Runtime, prof: Profile, constants: dict[str, float]
+) -> dict[str, Any]:
+    """The pass's dilation, what it scaled, and this run's own kappa beside it (the check)."""
+    ref = kappa_ref(prof, rt.engine.dtype)
+    kappa = rt.engine.kappa
+    return {
+        "dilation": pd.dilation,
+        "dilation_pass": pd.meta(),
+        # What this run's own kappa alone would have set (the per-run dilation of old).
+        "run_dilation": kappa / ref if ref and kappa > 0 else None,
+        "kappa_ref_s": ref,
+        "time_constants": constants,
     }
 
 
