@@ -26,8 +26,8 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from ladsd import testing  # noqa: E402
 from ladsd.clock import ManualClock  # noqa: E402
 from ladsd.config import LeaseConfig  # noqa: E402
-from ladsd.engine.leases import LeaseScheduler  # noqa: E402
-from ladsd.engine.resident import flatten, lookup, make_hasher, prefix_hashes  # noqa: E402
+from ladsd.engine.lease_resident import flatten, lookup, make_hasher, prefix_hashes  # noqa: E402
+from ladsd.engine.sched_leases import LeaseScheduler  # noqa: E402
 from ladsd.records import (  # noqa: E402
     ContinuationId,
     HistoryNotice,
@@ -90,7 +90,7 @@ def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
 
     cid = ContinuationId("bench", 1)
     n = HistoryNotice(cid, tuple(hist), "p", "d", 0.0, 100)
-    from ladsd.engine.candidates import Pending
+    from ladsd.engine.lease_candidates import Pending
     from ladsd.records import LeaseStatus
 
     def book_pair() -> None:

@@ -5,7 +5,8 @@ engine-side lease provider sees its history first (``lease_notice``) -> the
 sender offers it to the policy -> commit (s) -> paced TCP -> complete
 receipt (c) -> the receiver registers the continuation with the engine at
 once (a) -> first allocation (n) -> completion (f). Engine state flows back
-as published records (``on_state`` -> sender).
+as published records (the engine client's subscribers: the sender first, then
+:meth:`Runtime.subscribe`'s listeners).
 """
 
 from __future__ import annotations
@@ -26,13 +27,20 @@ import orjson
 
 from ladsd import clock
 from ladsd.clock import Stamps
-from ladsd.config import LinkConfig, Profile
+from ladsd.config import LeaseConfig, LinkConfig, Profile
 from ladsd.continuation import ContinuationEstimate
 from ladsd.delivery import make_policy
 from ladsd.delivery.policy import Policy
 from ladsd.delivery.registry import delivery_class, unbounded_pool
 from ladsd.engine.augserve import AugServeConfig
-from ladsd.engine.thread import Completion, EngineThread, Upkeep
+from ladsd.engine.thread import (
+    Completion,
+    EngineDead,
+    EngineThread,
+    PoolSnapshot,
+    Prompt,
+    Upkeep,
+)
 from ladsd.modes import EnginePolicy
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 from ladsd.transport.link import Delivery, Receiver, Rejected, Sender, prepare
@@ -53,6 +61,15 @@ class CallOutcome:
     stamps: Stamps
     payload_bytes: int = 0
     frame_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """The engine's settings a handler shows (``GET /v1/engine/state``)."""
+
+    lease: LeaseConfig
+    block_size: int
+    dtype: str
 
 
 @dataclass
@@ -111,7 +128,6 @@ class Runtime:
         self.link = link
         self.sender = Sender(policy, config=link, on_inventory=self._on_inventory)
         self.receiver = Receiver(self._register, config=link)
-        self.state: EngineState | None = None
         self.timeline = Timeline(limit=timeline_samples)
         self.state_bytes = 0  # engine states received (loop thread)
         self.audit: dict[str, float] | None = None
@@ -120,9 +136,20 @@ class Runtime:
         self._batch: list[tuple[HistoryNotice, Any, asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
         self.continuation = ContinuationEstimate()  # p for HEAR, from completed workflows
+        self._subscribers: list[Callable[[EngineState], None]] = []
+
+    def subscribe(self, fn: Callable[[EngineState], None]) -> None:
+        """Call ``fn`` with every published EngineState (loop thread, engine order),
+        after the runtime's own handler (the sender sees a state first)."""
+        self._subscribers.append(fn)
+
+    @property
+    def state(self) -> EngineState | None:
+        """The newest published engine state (None before the first)."""
+        return self.engine.published
 
     async def start(self) -> Runtime:
-        self.engine.on_state = self._on_state
+        self.engine.subscribe(self._on_state)
         port = await self.receiver.start(0)
         await self.sender.start(self.link.host, port)
         return self
@@ -275,10 +302,57 @@ class Runtime:
 
     # ---- engine <-> sender records ----------------------------------------
     def _on_state(self, state: EngineState) -> None:
-        self.state = state
         self.state_bytes += len(orjson.dumps(state))
         self.timeline.add(state)
         self.sender.set_state(state)
+        for fn in self._subscribers:
+            fn(state)
+
+    # ---- the engine, for the serve handlers (thin: they reach it only through here) ----
+    @property
+    def alive(self) -> bool:
+        return self.engine.alive
+
+    @property
+    def error(self) -> EngineDead | None:
+        return self.engine.error
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def leases_enabled(self) -> bool:
+        return self.engine.lease.enabled
+
+    def engine_info(self) -> EngineInfo:
+        """What the engine runs with: lease config, block size, dtype."""
+        e = self.engine
+        return EngineInfo(e.lease, e.cfg.resolved_block_size(), e.dtype)
+
+    def submit(self, prompt: Prompt, params: Any, *, cid: ContinuationId | None = None) -> str:
+        """Register a request now (:meth:`EngineThread.submit`); return its id."""
+        return self.engine.submit(prompt, params, cid=cid)
+
+    def stream(self, rid: str) -> AsyncIterator[Any]:
+        return self.engine.stream(rid)
+
+    async def result(self, rid: str) -> Completion:
+        return await self.engine.result(rid)
+
+    async def abort(self, rid: str) -> None:
+        await self.engine.abort(rid)
+
+    def notice(self, n: HistoryNotice) -> None:
+        """A result is ready: the engine's lease provider sees its history now."""
+        self.engine.notice(n)
+
+    async def require(self, n: HistoryNotice) -> str | None:
+        """Lease ``n``'s history now if the budget can hold it: None, else why not."""
+        return await self.engine.require(n)
+
+    async def snapshot(self) -> PoolSnapshot:
+        return await self.engine.snapshot()
 
     def _on_inventory(self, inv: SenderInventory) -> None:
         if self.engine.alive:  # a dead engine has already failed the run

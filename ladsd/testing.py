@@ -20,7 +20,7 @@ from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import init_none_hash
 from vllm.v1.request import Request
 
-from ladsd.engine.resident import make_hasher
+from ladsd.engine.lease_resident import make_hasher
 
 EOS = 2
 

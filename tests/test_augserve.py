@@ -17,9 +17,9 @@ from ladsd import clock, testing
 from ladsd.clock import ManualClock
 from ladsd.config import PROFILES, LeaseConfig
 from ladsd.engine import augserve as aug
-from ladsd.engine.augserve_sched import AsyncAugServeScheduler, AugServeScheduler
+from ladsd.engine.lease_resident import make_hasher
 from ladsd.engine.params import forced
-from ladsd.engine.resident import make_hasher
+from ladsd.engine.sched_augserve import AsyncAugServeScheduler, AugServeScheduler
 from ladsd.engine.schedulers import scheduler_class
 from ladsd.modes import EnginePolicy, Retention
 from ladsd.records import ContinuationId, HistoryNotice

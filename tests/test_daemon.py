@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from ladsd.config import PROFILES
-from ladsd.engine.leases import LeaseScheduler
+from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.serve.daemon import Daemon, ServeConfig
 from tests.helpers import FORCE, Api, free_port, running, weather_tool
 

@@ -110,7 +110,7 @@ async def test_structured_output_parses(smol):
 
 
 async def test_seeded_request_refused_on_cpu_engine_keeps_running(tiny):
-    if not tiny._cpu:
+    if not tiny.settings.cpu:
         pytest.skip("GPU engine: per-request seeds are supported")
     with pytest.raises(EngineError, match="seeds"):
         await tiny.complete(ids(10), sampling(max_tokens=2, seed=3))

@@ -16,8 +16,8 @@ import pytest
 from ladsd.config import PROFILES, EngineConfig
 from ladsd.delivery.lads import Lads
 from ladsd.engine.lease_book import LeaseBook
-from ladsd.engine.leases import LeaseScheduler
 from ladsd.engine.params import sampling
+from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.engine.thread import EngineDead, EngineThread
 from ladsd.runtime import Runtime
 from ladsd.workloads.factory import make

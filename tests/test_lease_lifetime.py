@@ -18,7 +18,7 @@ from ladsd import testing
 from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
 from ladsd.engine import budget as bud
-from ladsd.engine.leases import LeaseScheduler
+from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.modes import Retention
 from ladsd.records import ContinuationId, HistoryNotice, LeaseKind
 

@@ -19,7 +19,7 @@ from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
 from ladsd.engine.budget import fifo_key
 from ladsd.engine.lease_pool import LeaseIntegrityError
-from ladsd.engine.leases import LeaseScheduler
+from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.records import (
     ContinuationId,
     HistoryNotice,

@@ -17,7 +17,7 @@ from ladsd import testing
 from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
-from ladsd.engine.leases import AsyncLeaseScheduler, LeaseScheduler
+from ladsd.engine.sched_leases import AsyncLeaseScheduler, LeaseScheduler
 from ladsd.records import (
     ContinuationId,
     HistoryNotice,

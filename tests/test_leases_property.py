@@ -20,8 +20,8 @@ from vllm.v1.request import RequestStatus
 from ladsd import testing
 from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
-from ladsd.engine.leases import LeaseScheduler
-from ladsd.engine.resident import flatten, lookup
+from ladsd.engine.lease_resident import flatten, lookup
+from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.records import (
     ContinuationId,
     HistoryNotice,

@@ -13,8 +13,8 @@ import pytest
 from ladsd import testing
 from ladsd.clock import ManualClock
 from ladsd.config import FRAME_OVERHEAD, LeaseConfig
-from ladsd.engine.leases import LeaseScheduler
-from ladsd.engine.pins import pin_ttl
+from ladsd.engine.lease_pins import pin_ttl
+from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.modes import Retention
 from ladsd.records import (
     ContinuationId,

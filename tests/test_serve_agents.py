@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from ladsd.serve import agents
-from ladsd.serve.agents import DEFAULT_AGENT, parse_agent, parse_run
+from ladsd.serve.agent_run import DEFAULT_AGENT, parse_agent, parse_run
 from ladsd.serve.errors import ApiError
 from ladsd.serve.events import EventHub
 from tests.helpers import free_port

@@ -21,9 +21,8 @@ import pytest
 import pytest_asyncio
 
 from ladsd.engine.params import sampling
-from ladsd.serve import chat
-from ladsd.serve.chat import Reply, ToolCall
-from ladsd.serve.envelope import MAX_DEPTH, Decoder, obj_depth, text_depth
+from ladsd.serve import chat, fields, replies
+from ladsd.serve.envelope import MAX_DEPTH, Decoder, Reply, ToolCall, obj_depth, text_depth
 from ladsd.serve.errors import ApiError
 from tests.helpers import FORCE, free_port, running, weather_tool
 
@@ -98,7 +97,7 @@ def test_every_split_point_decodes_the_same(text: str, json_content: bool):
     whole, reply = decode([text], json_content)
     fmt = {"response_format": {"type": "json_object"}} if json_content else {}
     req = chat.parse(body(tools=[WEATHER, tool("ping")], **fmt))
-    assert without_ids(chat.parse_reply(text, req)) == without_ids(reply)  # a plain reply
+    assert without_ids(replies.parse_reply(text, req)) == without_ids(reply)  # a plain reply
     cuts = [[text[:i], text[i:]] for i in range(len(text) + 1)]
     cuts += [[text[:i], text[i:j], text[j:]] for i in range(0, len(text), 7)
              for j in range(i, len(text), 5)]  # fmt: skip
@@ -213,15 +212,15 @@ ANSWER = '{"content":"Sunny."}'
 
 def test_parallel_tool_calls_allow_a_list_of_two_or_more():
     tools = [WEATHER, tool("ping")]
-    auto = chat.output_schema(chat.parse(body(tools=tools)))
+    auto = replies.output_schema(chat.parse(body(tools=tools)))
     assert all(accepts(auto, t) for t in (ONE, TWO, ANSWER))
     only_one = '{"tool_calls":[{"name":"ping","arguments":{}}]}'
     assert not accepts(auto, only_one)  # one call has one spelling
-    single = chat.output_schema(chat.parse(body(tools=tools, parallel_tool_calls=False)))
+    single = replies.output_schema(chat.parse(body(tools=tools, parallel_tool_calls=False)))
     assert accepts(single, ONE) and accepts(single, ANSWER) and not accepts(single, TWO)
-    required = chat.output_schema(chat.parse(body(tools=tools, tool_choice="required")))
+    required = replies.output_schema(chat.parse(body(tools=tools, tool_choice="required")))
     assert accepts(required, ONE) and accepts(required, TWO) and not accepts(required, ANSWER)
-    named = chat.output_schema(chat.parse(body(tools=tools, tool_choice=FORCE)))
+    named = replies.output_schema(chat.parse(body(tools=tools, tool_choice=FORCE)))
     assert accepts(named, ONE) and not accepts(named, TWO)
     assert refused(body(tools=tools, parallel_tool_calls="yes")).param == "parallel_tool_calls"
 
@@ -231,14 +230,14 @@ def test_response_format_with_tools_shapes_the_answer():
               "required": ["answer"], "additionalProperties": False}  # fmt: skip
     fmt = {"type": "json_schema", "json_schema": {"name": "Out", "schema": schema}}
     req = chat.parse(body(tools=[WEATHER], response_format=fmt))  # refused before: 400
-    out = chat.output_schema(req)
+    out = replies.output_schema(req)
     assert accepts(out, '{"content":{"answer":"Oslo"}}') and accepts(out, ONE)
     assert not accepts(out, ANSWER) and not accepts(out, '{"content":{"x":1}}')
-    assert chat.parse_reply('{"content":{"answer":"Oslo"}}', req) == Reply('{"answer":"Oslo"}')
+    assert replies.parse_reply('{"content":{"answer":"Oslo"}}', req) == Reply('{"answer":"Oslo"}')
     none = chat.parse(body(tools=[WEATHER], tool_choice="none", response_format=fmt))
-    assert chat.output_schema(none) == schema
+    assert replies.output_schema(none) == schema
     obj = chat.parse(body(tools=[WEATHER], response_format={"type": "json_object"}))
-    assert accepts(chat.output_schema(obj), '{"content":{"k":[1]}}')
+    assert accepts(replies.output_schema(obj), '{"content":{"k":[1]}}')
 
 
 def test_definitions_move_to_the_root_with_their_refs():
@@ -252,7 +251,7 @@ def test_definitions_move_to_the_root_with_their_refs():
             "required": ["v", "kids"], "additionalProperties": False}  # fmt: skip
     fmt = {"type": "json_schema", "json_schema": {"name": "T", "schema": tree}}
     req = chat.parse(body(tools=[tool("visit", city)], response_format=fmt))
-    out = chat.output_schema(req)
+    out = replies.output_schema(req)
     assert accepts(out, '{"name":"visit","arguments":{"city":{"name":"Oslo"}}}')
     assert not accepts(out, '{"name":"visit","arguments":{"city":"Oslo"}}')
     assert accepts(out, '{"content":{"v":1,"kids":[{"v":2,"kids":[]}]}}')
@@ -303,12 +302,12 @@ def test_fields_ladsd_cannot_honour_are_refused(kw: dict[str, Any], param: str):
 
 
 def test_harmless_fields_are_ignored_and_off_values_accepted():
-    harmless = {k: "x" for k in chat.IGNORED} | {"metadata": {"a": "b"}, "store": False}
-    offs = {k: off[0] for k, off in chat.REFUSED.items() if off}
+    harmless = {k: "x" for k in fields.IGNORED} | {"metadata": {"a": "b"}, "store": False}
+    offs = {k: off[0] for k, off in fields.REFUSED.items() if off}
     r = chat.parse(body(**harmless, **offs, stream=None, parallel_tool_calls=None, tools=None))
-    assert r.sampling == chat.Sampling() and r.parallel_tool_calls and not r.stream
+    assert r.sampling == chat.Sampling() and r.tooling.parallel_tool_calls and not r.output.stream
     assert chat.parse(body(top_logprobs=0, logprobs=False)).model == "m"
-    assert not set(chat.IGNORED) & set(chat.REFUSED)
+    assert not set(fields.IGNORED) & set(fields.REFUSED)
 
 
 # ---- deep JSON ------------------------------------------------------------------------------
@@ -344,7 +343,7 @@ def test_deep_json_is_refused_naming_the_param():
     fmt = {"type": "json_schema", "json_schema": {"name": "d", "schema": deep_schema(500)}}
     assert refused(body(response_format=fmt)).param == "response_format"
     ok = chat.parse(body(messages=call_history(deep_arguments(MAX_DEPTH - 1)), tools=[WEATHER]))
-    assert chat.pieces(ok)  # within the bound: parsed and rendered
+    assert replies.pieces(ok)  # within the bound: parsed and rendered
 
 
 # ---- canonical turns: call ids ---------------------------------------------------------------
@@ -352,7 +351,7 @@ def test_deep_json_is_refused_naming_the_param():
 
 def test_tool_results_and_calls_carry_their_ids_in_the_prompt():
     req = chat.parse(body(tools=[WEATHER, tool("ping")]))
-    reply = chat.parse_reply(TWO, req)
+    reply = replies.parse_reply(TWO, req)
     a, b = reply.calls
     assert a.id != b.id and a.id.startswith("call_")
     echoed = {"role": "assistant", "content": "", "tool_calls": [
@@ -363,15 +362,15 @@ def test_tool_results_and_calls_carry_their_ids_in_the_prompt():
         {"role": "user", "content": "hi"}, echoed,
         {"role": "tool", "tool_call_id": b.id, "content": "pong"},
         {"role": "tool", "tool_call_id": a.id, "content": "Rain"}]))  # fmt: skip
-    turns = (*chat.pieces(req), chat.reply_piece(reply))
-    got = chat.pieces(nxt)
+    turns = (*replies.pieces(req), replies.reply_piece(reply))
+    got = replies.pieces(nxt)
     assert got[: len(turns)] == turns  # the session recognises its history
     call_json = json.loads(turns[-1][1])
     assert [c["id"] for c in call_json["tool_calls"]] == [a.id, b.id]
     assert got[len(turns):] == (("tool", f"{b.id}\npong"), ("tool", f"{a.id}\nRain"))
-    one = chat.reply_piece(chat.parse_reply(ONE, req))
+    one = replies.reply_piece(replies.parse_reply(ONE, req))
     assert json.loads(one[1])["id"].startswith("call_")
-    assert "id of the call" in chat.tools_text(req.tools)
+    assert "id of the call" in replies.tools_text(req.tooling.tools)
 
 
 # ---- through the daemon's HTTP server (tiny model) ------------------------------------------

@@ -30,6 +30,7 @@ from aiohttp import web
 from ladsd import clock
 from ladsd.config import PROFILES
 from ladsd.serve import agents
+from ladsd.serve.agent_run import DEFAULT_AGENT
 from ladsd.serve.app import LOCAL, CappedSite, Limits, key_table, make_runner, read_key_file
 from ladsd.serve.daemon import Daemon, ServeConfig
 from ladsd.serve.errors import ApiError
@@ -110,7 +111,7 @@ def fake_run(d: Daemon, tenant: str = LOCAL, events: int = 0) -> agents.AgentRun
     runs = d.app[agents.AGENTS]
     task = next(iter(runs.tasks.values()))
     run = agents.AgentRun(
-        f"agent-9-{tenant}", task, agents.DEFAULT_AGENT, time.time(), clock.now(), "running"
+        f"agent-9-{tenant}", task, DEFAULT_AGENT, time.time(), clock.now(), "running"
     )
     run.tenant = tenant
     for i in range(events):
@@ -160,9 +161,9 @@ async def test_another_tenants_session_is_a_404_and_never_listed():
         ]:
             status, out = await call(port, method, path, BOB, json=body)
             assert status == 404 and out["error"]["code"] == "session_not_found", (method, path)
-        assert d.sessions.get("s1", "alice") is mine and not mine.intents  # untouched
+        assert d.sessions.get("s1", "alice") is mine and not mine.harness.intents  # untouched
         status, _ = await call(port, "POST", "/v1/sessions/s1/intent", ALICE, json=intent)
-        assert status == 202 and "get_weather" in mine.intents
+        assert status == 202 and "get_weather" in mine.harness.intents
         status, out = await call(port, "DELETE", "/v1/sessions/s1", ALICE)
         assert status == 200 and out["deleted"] and len(d.sessions) == 0
 
@@ -254,7 +255,7 @@ async def test_only_sessions_ended_by_the_client_after_an_answer_are_completed_w
             s = d.sessions.open(sid)
             s.turn = turns
             if tool_wait:  # its last reply called a tool: the history waits for the result
-                s.lease = LeaseView(s.cid(turns))
+                s.wait.lease = LeaseView(s.cid(turns))
 
         session("answered", 2)
         assert (await call(port, "DELETE", "/v1/sessions/answered"))[0] == 200

@@ -39,8 +39,8 @@ async def test_the_first_request_carries_its_intent(model_ready):
         status, out = await post(port, body(intent=intent), "s1")
         assert status == 200 and out["choices"][0]["finish_reason"] == "tool_calls"
         s = d.sessions.get("s1", "local")
-        assert s is not None and s.waiting is not None
-        assert s.waiting.expected_wait_s == 7.5 and s.waiting.payload_bytes == 900
+        n = s.wait.notice if s is not None else None
+        assert n is not None and n.expected_wait_s == 7.5 and n.payload_bytes == 900
 
         # A list is several intents; a bad one is a 400 naming it, and creates no session.
         status, err = await post(port, body(intent=[intent, {"tool": "x", "eta": 1}]), "s2")

@@ -123,16 +123,13 @@ class Life:
     """An in-process daemon and a count of the engine states it received."""
 
     def __init__(self, d: Daemon) -> None:
-        assert d.engine is not None
+        assert d.engine is not None and d.rt is not None
         self.d, self.engine, self.states = d, d.engine, 0
-        inner = d.engine.on_state
 
         def on_state(s: EngineState) -> None:
             self.states += 1
-            if inner is not None:
-                inner(s)
 
-        d.engine.on_state = on_state
+        d.rt.subscribe(on_state)
 
     async def settle(self) -> None:
         """Wait until nothing is live and no state came over three tick periods (bounded)."""

@@ -24,8 +24,9 @@ import pytest_asyncio
 
 from ladsd.config import PROFILES
 from ladsd.engine import budget as bud
+from ladsd.serve.harness import Intent, ToolTimes
 from ladsd.serve.protocol import DEFAULT_TOOL_S, notice
-from ladsd.serve.sessions import Intent, LeaseRule, SessionTable, ToolTimes
+from ladsd.serve.sessions import LeaseRule, SessionTable
 from tests.helpers import FORCE, Api, free_port, running, weather_tool
 
 GUARD_S = 120  # hang guard only
@@ -35,7 +36,7 @@ SESSION = LeaseRule.of("session", 8.0, None)
 
 def a_session():
     s = SessionTable(8, 60.0, lambda _: None).open("a")
-    s.history, s.turn = (1, 2, 3), 1
+    s.transcript.history, s.turn = (1, 2, 3), 1
     return s
 
 
@@ -67,17 +68,17 @@ def test_session_rule_first_wait_keeps_the_default_then_learns() -> None:
     s = a_session()
     n = notice(s, "search", rule=SESSION)
     assert (n.expected_wait_s, n.lifetime_s) == (DEFAULT_TOOL_S, 8.0)  # nothing observed: l
-    s.tools.observe(11.0)
+    s.harness.tools.observe(11.0)
     n = notice(s, "search", rule=SESSION)
     assert n.expected_wait_s == 11.0 and n.lifetime_s == pytest.approx(16.5)
-    s.tools.observe(200.0)  # a long wait: the lifetime stops at the cap
+    s.harness.tools.observe(200.0)  # a long wait: the lifetime stops at the cap
     assert notice(s, "search", rule=SESSION).lifetime_s == 64.0
 
 
 def test_session_rule_takes_the_intent_over_the_learned_wait() -> None:
     s = a_session()
-    s.tools.observe(2.0)
-    s.intents["search"] = Intent("search", 30.0, None)
+    s.harness.tools.observe(2.0)
+    s.harness.intents["search"] = Intent("search", 30.0, None)
     n = notice(s, "search", rule=SESSION)
     assert n.expected_wait_s == 30.0 and n.lifetime_s == pytest.approx(45.0)
     both = notice(s, ["search", "open"], rule=SESSION)  # "open": no intent, the learned 2 s
@@ -87,11 +88,11 @@ def test_session_rule_takes_the_intent_over_the_learned_wait() -> None:
 
 def test_fixed_rule_is_today_s_notice() -> None:
     s = a_session()
-    s.tools.observe(11.0)  # observed, never used
+    s.harness.tools.observe(11.0)  # observed, never used
     for rule in (LeaseRule.of("fixed", 8.0, None), None):
         n = notice(s, "search", rule=rule)
         assert (n.expected_wait_s, n.lifetime_s) == (DEFAULT_TOOL_S, None)
-    s.intents["*"] = Intent("*", 11.0, None)
+    s.harness.intents["*"] = Intent("*", 11.0, None)
     assert notice(s, "search").lifetime_s is None and notice(s, "x").expected_wait_s == 11.0
 
 
@@ -138,18 +139,19 @@ async def test_a_session_without_intent_learns_its_tool_time_and_leases_for_it(d
                                      max_tokens=40)  # fmt: skip
         assert status == 200 and out["choices"][0]["finish_reason"] == "tool_calls", out
         s = daemon.sessions.get("L")
-        assert s.waiting.lifetime_s == l_s  # the first wait: nothing learned, l_i = l
+        assert s.wait.notice.lifetime_s == l_s  # the first wait: nothing learned, l_i = l
         # The tool "took" 11 s more: the wait runs from the notice's ready time.
-        s.waiting = replace(s.waiting, ready_time=s.waiting.ready_time - 11.0)
+        w = s.wait
+        w.notice = replace(w.notice, ready_time=w.notice.ready_time - 11.0)
         msg = out["choices"][0]["message"]
         call = msg["tool_calls"][0]
         msgs += [msg, {"role": "tool", "tool_call_id": call["id"], "content": "Sunny"}]
         status, out = await api.chat("L", messages=msgs, tools=[weather], tool_choice=FORCE,
                                      max_tokens=40)  # fmt: skip
         assert status == 200 and out["choices"][0]["finish_reason"] == "tool_calls", out
-        learned = s.tools.expected_s
-        assert s.tools.observed == 1 and learned is not None and learned >= 11.0
-        n = s.waiting
+        learned = s.harness.tools.expected_s
+        assert s.harness.tools.observed == 1 and learned is not None and learned >= 11.0
+        n = s.wait.notice
         want = bud.lease_lifetime(l_s, learned, bud.LIFETIME_MARGIN, 8 * l_s)
         assert n.expected_wait_s == learned and n.lifetime_s == want and want > l_s
         view: dict = {}

@@ -24,8 +24,10 @@ import pytest
 import pytest_asyncio
 
 from ladsd.config import PROFILES
+from ladsd.engine.client import END as _END
+from ladsd.engine.client import StreamQueue
+from ladsd.engine.outbound import Done as _Done
 from ladsd.engine.params import sampling
-from ladsd.engine.thread import _END, StreamQueue, _Done
 from ladsd.serve import completions
 from ladsd.serve.daemon import Daemon, ServeConfig
 from tests.helpers import FORCE, Api, free_port, weather_tool
@@ -151,7 +153,7 @@ async def test_stream_queue_keeps_the_newest_output_and_the_end():
     for i in range(1000):
         q.put(i)
     assert len(q) == 1 and q.replaced == 999
-    done = _Done(out=1000, stamps=None)  # type: ignore[arg-type]
+    done = _Done(rid="r", out=1000, stamps=None)  # type: ignore[arg-type]
     q.put(done)
     q.put(1001)  # after the end: dropped
     q.put(RuntimeError("late"))
@@ -393,8 +395,8 @@ async def test_retention_waits_for_the_request_in_flight(api: Api, daemon: Daemo
     )
     assert status == 200 and first["choices"][0]["finish_reason"] == "tool_calls", first
     s = daemon.sessions.get("busy")
-    assert s is not None and s.waiting is not None
-    waiting = s.waiting
+    assert s is not None and s.wait.notice is not None
+    waiting = s.wait.notice
     s.busy = True  # as Turn.run holds it between its checks and the submit
     try:
         for mode in ("release", "requirement", "preference"):
@@ -402,7 +404,7 @@ async def test_retention_waits_for_the_request_in_flight(api: Api, daemon: Daemo
                 "POST", "/v1/sessions/busy/retention", json={"mode": mode}
             )
             assert status == 409 and out["error"]["code"] == "session_busy", (mode, out)
-        assert s.waiting is waiting  # untouched
+        assert s.wait.notice is waiting  # untouched
     finally:
         s.busy = False
     status, out = await api.call("POST", "/v1/sessions/busy/retention", json={"mode": "release"})

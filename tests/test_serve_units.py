@@ -14,16 +14,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ladsd.config import PROFILES
 from ladsd.records import ContinuationId, EngineState, LeaseEvent, LeaseEventKind, LeaseRecord
-from ladsd.serve import chat
+from ladsd.serve import chat, replies
 from ladsd.serve.app import check_bind, is_loopback
-from ladsd.serve.chat import ChatRequest, Reply, ToolCall
+from ladsd.serve.chat import ChatRequest
 from ladsd.serve.daemon import Daemon, ServeConfig
+from ladsd.serve.envelope import Reply, ToolCall
 from ladsd.serve.errors import ApiError
 from ladsd.serve.events import EventHub
+from ladsd.serve.harness import Intent
 from ladsd.serve.metrics import registry
 from ladsd.serve.protocol import DEFAULT_TOOL_S, notice, parse_intent
 from ladsd.serve.render import Renderer
-from ladsd.serve.sessions import Intent, LeaseView, SessionTable
+from ladsd.serve.sessions import LeaseView, SessionTable
 from tests.helpers import weather_tool
 
 WEATHER = weather_tool()
@@ -44,14 +46,15 @@ def refused(b: object, header: str | None = None) -> ApiError:
 
 def test_defaults_follow_openai():
     r = chat.parse(body())
-    assert (r.temperature, r.top_p, r.max_tokens, r.stream, r.tool_choice) == (
+    smp, out = r.sampling, r.output
+    assert (smp.temperature, smp.top_p, out.max_tokens, out.stream, r.tooling.tool_choice) == (
         1.0,
         1.0,
         None,
         False,
         "none",
     )
-    assert chat.parse(body(tools=[WEATHER])).tool_choice == "auto"
+    assert chat.parse(body(tools=[WEATHER])).tooling.tool_choice == "auto"
 
 
 def test_session_from_header_or_body():
@@ -114,33 +117,33 @@ def test_output_schema_per_tool_choice():
     named = chat.parse(
         body(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
     )
-    s = chat.output_schema(named)
+    s = replies.output_schema(named)
     assert s["properties"]["name"] == {"const": "get_weather"}
-    auto = chat.output_schema(chat.parse(body(tools=[WEATHER])))
-    assert len(auto["anyOf"]) == 3 and auto["anyOf"][2] == chat.CONTENT_SCHEMA
-    assert chat.output_schema(chat.parse(body(tools=[WEATHER], tool_choice="none"))) is None
-    assert chat.output_schema(chat.parse(body())) is None
+    auto = replies.output_schema(chat.parse(body(tools=[WEATHER])))
+    assert len(auto["anyOf"]) == 3 and auto["anyOf"][2] == replies.CONTENT_SCHEMA
+    assert replies.output_schema(chat.parse(body(tools=[WEATHER], tool_choice="none"))) is None
+    assert replies.output_schema(chat.parse(body())) is None
     fmt = chat.parse(body(response_format={"type": "json_object"}))
-    assert chat.output_schema(fmt) == {"type": "object"}
+    assert replies.output_schema(fmt) == {"type": "object"}
 
 
 def test_replies_become_tool_calls_or_content():
     req = chat.parse(body(tools=[WEATHER]))
-    r = chat.parse_reply('{"name":"get_weather","arguments":{"city":"Paris"}}', req)
+    r = replies.parse_reply('{"name":"get_weather","arguments":{"city":"Paris"}}', req)
     assert r.content is None and r.calls[0].name == "get_weather"
     assert json.loads(r.calls[0].arguments) == {"city": "Paris"}
-    assert chat.finish_reason("stop", r) == "tool_calls"
-    assert chat.parse_reply('{"content":"It is sunny."}', req) == Reply("It is sunny.")
-    cut = chat.parse_reply('{"name":"get_wea', req)  # cut at max_tokens: content as it is
-    assert cut == Reply('{"name":"get_wea') and chat.finish_reason("length", cut) == "length"
+    assert replies.finish_reason("stop", r) == "tool_calls"
+    assert replies.parse_reply('{"content":"It is sunny."}', req) == Reply("It is sunny.")
+    cut = replies.parse_reply('{"name":"get_wea', req)  # cut at max_tokens: content as it is
+    assert cut == Reply('{"name":"get_wea') and replies.finish_reason("length", cut) == "length"
     plain = chat.parse(body())
-    assert chat.parse_reply('{"name":"x"}', plain) == Reply('{"name":"x"}')
+    assert replies.parse_reply('{"name":"x"}', plain) == Reply('{"name":"x"}')
 
 
 def test_an_echoed_reply_renders_as_the_same_turns():
     """A client sends back our reply in its own spelling: the turns are equal."""
     req = chat.parse(body(tools=[WEATHER]))
-    reply = chat.parse_reply('{"name":"get_weather","arguments":{"city":"Paris"}}', req)
+    reply = replies.parse_reply('{"name":"get_weather","arguments":{"city":"Paris"}}', req)
     echoed = {
         "role": "assistant",
         "content": None,
@@ -163,8 +166,8 @@ def test_an_echoed_reply_renders_as_the_same_turns():
             ],
         )
     )
-    turns = (*chat.pieces(req), chat.reply_piece(reply))
-    assert chat.pieces(nxt)[: len(turns)] == turns
+    turns = (*replies.pieces(req), replies.reply_piece(reply))
+    assert replies.pieces(nxt)[: len(turns)] == turns
     assert turns[0][0] == "system" and "get_weather" in turns[0][1]  # tools close the system turn
 
 
@@ -258,8 +261,8 @@ def test_idle_sessions_expire_busy_ones_stay():
 def test_a_new_incarnation_has_a_new_version_and_releases_what_it_held():
     t, released, _ = table()
     s = t.open("a")
-    s.history = (1, 2, 3)
-    s.waiting = notice(s, "tool")
+    s.transcript.history = (1, 2, 3)
+    s.wait.notice = notice(s, "tool")
     assert s.held() == [ContinuationId(s.workflow, 0, s.version)]  # "local/a"
     t.end("a")
     assert released == ["a"] and t.open("a").version > s.version
@@ -269,7 +272,7 @@ def test_observe_follows_records_and_events():
     t, _, _ = table()
     s = t.open("a")
     cid = s.cid(1)
-    s.lease = LeaseView(cid)
+    s.wait.lease = LeaseView(cid)
     other = ContinuationId("a", 1, s.version + 7)  # an old incarnation: ignored
     rec = LeaseRecord(cid, "d", "", (5, 6, 7), 3, 1.0, 9.0, 4)
     ev = [
@@ -277,7 +280,7 @@ def test_observe_follows_records_and_events():
         LeaseEvent(LeaseEventKind.EXPIRY, other, 2),
     ]
     t.observe(EngineState(time=1, seq=1, generation=4, leases=(rec,), events=tuple(ev)))
-    v = s.lease
+    v = s.wait.lease
     assert (v.status, v.protected_blocks, v.deadline, v.generation) == ("granted", 3, 9.0, 4)
     deny = LeaseEvent(LeaseEventKind.DENIAL, cid, 3.0)
     t.observe(EngineState(time=3, seq=2, generation=5, events=(deny,)))
@@ -300,12 +303,12 @@ def test_intent_parsing_and_its_notice():
             parse_intent(bad_body)
     t, _, _ = table()
     s = t.open("a")
-    s.history = (1, 2, 3)
+    s.transcript.history = (1, 2, 3)
     s.turn = 2
     n = notice(s, "search")
     assert (n.expected_wait_s, n.payload_bytes, n.cid.turn) == (DEFAULT_TOOL_S, 1024, 2)
-    s.intents["search"] = Intent("search", 4.5, 99)
-    s.intents["*"] = Intent("*", 0.5, None)
+    s.harness.intents["search"] = Intent("search", 4.5, 99)
+    s.harness.intents["*"] = Intent("*", 0.5, None)
     assert (notice(s, "search").expected_wait_s, notice(s, "search").payload_bytes) == (4.5, 99)
     assert notice(s, "open").expected_wait_s == 0.5
     # one reply's parallel calls: the wait ends with the slowest, the results add up

@@ -14,8 +14,8 @@ from ladsd import testing
 from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
 from ladsd.continuation import ContinuationEstimate
-from ladsd.engine.leases import LeaseScheduler
-from ladsd.engine.session import retention_priority
+from ladsd.engine.lease_sessions import retention_priority
+from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.modes import Retention
 from ladsd.records import ContinuationId, HistoryNotice, InventoryItem, Phase
 from tests.test_leases import BS, Rig, cont, toks

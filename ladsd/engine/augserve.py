@@ -4,7 +4,7 @@ Units (ours): memory in KV token slots at block granularity (``M = 1`` slot
 per token; a context of ``L`` tokens holds ``mem(L) = ceil(L / b) * b``
 slots), time in seconds, so every waste and space-time cost is in
 slot-seconds. Time comes from ``kappa``, the measured wall time of one prefill
-step of ``n_kappa`` tokens (``EngineThread._kappa``: ``n_kappa =
+step of ``n_kappa`` tokens (:func:`ladsd.engine.kappa.kappa_tokens`: ``n_kappa =
 min(512, max_num_batched_tokens, max_model_len - 1)``, 512 on every profile,
 also on the augserve engine's 1,024-token step buffer):
 

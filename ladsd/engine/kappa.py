@@ -1,7 +1,11 @@
-"""kappa for the daemon: measured once per machine and engine shape, then read from a cache.
+"""kappa: its rule, its measurement, and the daemon's cache of it.
 
 Contract:
 
+* kappa is the wall time of one prefill step of :func:`kappa_tokens` tokens
+  (the one rule: 512, less only where the engine cannot run 512), measured on
+  the engine thread before the lease scheduler starts (:func:`obtain`) and
+  handed to it as a frozen :class:`Kappa`.
 * Replays measure kappa at every engine start (:attr:`KappaSource.MEASURE`,
   the default): their link dilation depends on it, and nothing here changes
   that path.
@@ -24,8 +28,11 @@ import json
 import logging
 import math
 import os
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -35,6 +42,8 @@ from ladsd.engine.cpu import cpu_info
 
 log = logging.getLogger("ladsd.engine")
 FORMAT = 1  # bump when the key or the entry changes meaning
+KAPPA_TOKENS = 512  # kappa is the wall time of one prefill step of this many tokens
+KAPPA_SAMPLES = 15  # timed steps after the warm-up; kappa is their median (about 0.5 s)
 SERVE_SAMPLES = 3  # timed steps of a daemon's cache miss (replays time 15)
 
 
@@ -42,6 +51,87 @@ class KappaSource(StrEnum):
     MEASURE = "measure"  # every start, 15 timed steps, no cache (replays)
     CACHE = "cache"  # the cached value; on a miss measure SERVE_SAMPLES steps, store
     FRESH = "fresh"  # measure as a replay does, store (`ladsd serve --fresh-kappa`)
+
+
+@dataclass(frozen=True)
+class Kappa:
+    """kappa: ``seconds`` per prefill step of ``tokens`` tokens.
+
+    ``source``: "measured", "cache", "config" (the lease config's ``kappa_s``) or
+    "" (none: 0.0); ``steps``: engine steps run to measure it (0: not measured).
+    """
+
+    seconds: float
+    tokens: int
+    source: str = ""
+    steps: int = 0
+
+
+def kappa_tokens(max_num_batched_tokens: int, max_model_len: int) -> int:
+    """Tokens of kappa's step: always 512 (the spec's kappa), also on an engine built
+    with a larger step budget (AugServe's ceiling), so dilation compares; fewer only
+    where the engine cannot schedule 512."""
+    return min(KAPPA_TOKENS, max_num_batched_tokens, max_model_len - 1)
+
+
+def measure(engine: Any, sched: Any, tokens: int, samples: int = KAPPA_SAMPLES) -> list[float]:
+    """Wall times of ``samples`` prefill steps of ``tokens`` tokens (engine thread).
+
+    The first step of a fresh engine pays one-off warm-up costs, so a warm-up
+    request runs first; then ``samples`` distinct prompts are timed
+    (:data:`KAPPA_SAMPLES` for a replay). One sample let a momentary stall of a
+    shared machine set the run's link dilation (1.58 where its neighbours
+    measured 0.89-1.10); a median of fifteen follows only a stall longer than
+    about a quarter second. The prefix cache is reset afterwards.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs.engine import tokens_input
+
+    times = []
+    for salt in range(samples + 1):  # salt 0 is the warm-up
+        ids = [(7919 * i + 104729 * (salt + 1)) % 30000 + 100 for i in range(tokens)]
+        params = SamplingParams(max_tokens=1)
+        rid = engine.add_request(f"ladsd-kappa-{salt}", tokens_input(ids), params)
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - t0)
+        while engine.has_unfinished_requests():
+            engine.step()
+        sched.pop_first_alloc(rid)
+    sched.reset_prefix_cache()
+    return times[1:]
+
+
+def obtain(
+    source: KappaSource,
+    engine: Any,
+    sched: Any,
+    key_parts: dict[str, Any],
+    model_dir: Path,
+    say: Callable[[str], None],
+) -> Kappa:
+    """kappa as ``source`` says: measured at every start (replays) or cached (the daemon).
+
+    ``key_parts``: the engine's part of the cache key (model, dtype, step_tokens, ...).
+    """
+    n = int(key_parts["step_tokens"])
+    if source is KappaSource.MEASURE:
+        return Kappa(statistics.median(measure(engine, sched, n)), n, "measured", KAPPA_SAMPLES + 1)
+    key = cache_key(key_parts, model_dir)
+    if source is KappaSource.CACHE:
+        cached = load(key)
+        if cached is not None:
+            say(f"kappa {cached * 1e3:.1f} ms (cached: {entry_path(key)})")
+            return Kappa(cached, n, "cache")
+    samples = KAPPA_SAMPLES if source is KappaSource.FRESH else SERVE_SAMPLES
+    say(
+        f"measuring kappa: {samples + 1} prefill steps of {n} tokens "
+        "(cached for the next start)..."
+    )
+    times = measure(engine, sched, n, samples)
+    value = statistics.median(times)
+    store(key, value, times)
+    return Kappa(value, n, "measured", samples + 1)  # the warm-up step too
 
 
 def cache_dir() -> Path:

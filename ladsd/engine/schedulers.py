@@ -8,11 +8,11 @@ from ladsd.modes import EnginePolicy
 def scheduler_class(policy: EnginePolicy, async_scheduling: bool) -> type:
     """The scheduler class for ``policy`` (vLLM's own order, or AugServe's)."""
     if policy is EnginePolicy.VLLM:
-        from ladsd.engine.leases import AsyncLeaseScheduler, LeaseScheduler
+        from ladsd.engine.sched_leases import AsyncLeaseScheduler, LeaseScheduler
 
         return AsyncLeaseScheduler if async_scheduling else LeaseScheduler
     if policy is EnginePolicy.AUGSERVE:
-        from ladsd.engine.augserve_sched import AsyncAugServeScheduler, AugServeScheduler
+        from ladsd.engine.sched_augserve import AsyncAugServeScheduler, AugServeScheduler
 
         return AsyncAugServeScheduler if async_scheduling else AugServeScheduler
     raise ValueError(f"unknown engine policy {policy!r}")

@@ -1,4 +1,4 @@
-"""The aiohttp application: the HTTP edge (middlewares, limits), JSON and SSE helpers.
+"""The aiohttp application: the HTTP edge (middlewares, limits), reading a JSON body.
 
 Every refusal leaves as OpenAI's error body (:mod:`.errors`), whatever raised
 it: an :class:`ApiError`, aiohttp's own HTTP exceptions (404 route, 405, 413
@@ -27,7 +27,6 @@ Security model:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hmac
 import ipaddress
 import logging
@@ -36,7 +35,6 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +44,10 @@ from yarl import URL
 
 from ladsd.engine.thread import EngineDead
 from ladsd.serve.errors import ApiError
+from ladsd.serve.responses import dumps, error_response
 
 log = logging.getLogger("ladsd.serve")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-DAEMON: web.AppKey[Any] = web.AppKey("ladsd.daemon", object)  # the Daemon, for handlers
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (liveness probes)
 LOCAL = "local"  # the one tenant of a daemon without keys (reserved in key files)
 DEFAULT_TENANT = "default"  # the tenant of --api-key
@@ -82,30 +80,6 @@ class Limits:
 LIMITS: web.AppKey[Limits] = web.AppKey("ladsd.limits", Limits)
 
 
-def _default(o: Any) -> Any:
-    if isinstance(o, Enum):
-        return o.value
-    if dataclasses.is_dataclass(o) and not isinstance(o, type):
-        return dataclasses.asdict(o)
-    raise TypeError(type(o).__name__)
-
-
-def dumps(data: Any) -> bytes:
-    return orjson.dumps(data, default=_default)
-
-
-def json_response(
-    data: Any, status: int = 200, headers: dict[str, str] | None = None
-) -> web.Response:
-    return web.Response(
-        body=dumps(data), status=status, content_type="application/json", headers=headers
-    )
-
-
-def error_response(e: ApiError) -> web.Response:
-    return json_response(e.body(), e.status, e.headers or None)
-
-
 async def read_json(request: web.Request) -> Any:
     """The request body as JSON: 415 unless ``application/json``, 408 if it does not
     arrive within the body timeout, 413 above the body limit, 400 if not JSON."""
@@ -130,55 +104,6 @@ async def read_json(request: web.Request) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise ApiError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
-
-
-def sse(data: Any, event: str | None = None) -> bytes:
-    """One server-sent event (``data: [DONE]`` when ``data`` is that string)."""
-    body = data.encode() if isinstance(data, str) else dumps(data)
-    head = b"event: %s\n" % event.encode() if event else b""
-    return head + b"data: " + body + b"\n\n"
-
-
-WRITE_TIMEOUT_S = 30.0  # ServeConfig.write_timeout_s's default
-
-
-class StalledReader(ConnectionResetError):
-    """A stream's reader took nothing for the write timeout: dropped as if it had gone."""
-
-
-async def write_within(
-    request: web.Request,
-    resp: web.StreamResponse,
-    data: bytes,
-    timeout: float = WRITE_TIMEOUT_S,
-    *,
-    eof: bool = False,
-) -> None:
-    """One write of a stream (or its end, ``eof``), bounded by ``timeout`` seconds.
-
-    A reader that takes none of it in time is dropped (its connection aborted, with
-    what it never read) and :class:`StalledReader` raised: a client that stops reading
-    must not hold its slot, its subscription or its buffers forever.
-    """
-    try:
-        async with asyncio.timeout(timeout):
-            await (resp.write_eof(data) if eof else resp.write(data))
-    except TimeoutError:
-        if (t := request.transport) is not None:
-            t.abort()
-        raise StalledReader(f"the client read nothing for {timeout:g} s") from None
-
-
-async def open_sse(request: web.Request) -> web.StreamResponse:
-    resp = web.StreamResponse(
-        headers={
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "X-Accel-Buffering": "no",  # proxies must not buffer a stream
-        }
-    )
-    await resp.prepare(request)
-    return resp
 
 
 @web.middleware

@@ -1,28 +1,15 @@
-"""``/v1/chat/completions`` without an engine: the request, tool schemas, the reply.
+"""``/v1/chat/completions`` without an engine: the request, parsed and checked.
 
 * :func:`parse` validates an OpenAI chat body into a frozen :class:`ChatRequest`
   (400 with the offending ``param`` otherwise). Sampling honours what vLLM's
   SamplingParams has (``temperature``, ``top_p``, ``frequency_penalty``,
   ``presence_penalty``, ``logit_bias``; vLLM's ``top_k``, ``min_p``,
   ``repetition_penalty``, ``min_tokens``, ``ignore_eos``). Fields of OpenAI or
-  vLLM that ladsd cannot honour (:data:`REFUSED`: ``n`` > 1, ``logprobs``,
-  ``top_logprobs``, audio, beam search, ...) are refused, not ignored; fields
-  that change nothing here (:data:`IGNORED`: ``user``, ``metadata``, ``store``,
-  ...) are ignored, and so are fields neither defines, as vLLM does.
-* Tools: when tools are offered (and ``tool_choice`` is not ``none``) the output
-  is structured (xgrammar) by :func:`output_schema`: one call
-  ``{"name": <tool>, "arguments": <its parameters' schema>}``, or with
-  ``parallel_tool_calls`` (the default) also ``{"tool_calls": [<call>, ...]}``
-  (two or more); with ``auto`` also ``{"content": <text>}``, the model's way to
-  answer without a call (with ``response_format``, ``<text>`` is a JSON value
-  of its schema). :func:`parse_reply` (:mod:`.envelope`, which also decodes it
-  as it streams) turns that JSON back into ``tool_calls`` or content.
-* :func:`pieces`: the conversation as canonical ``(role, text)`` turns: an
-  assistant tool call is its JSON with its id, a tool message's text starts
-  with the id of the call it answers, the tools are described at the end of the
-  system turn. Two requests with equal pieces mean the same conversation,
-  however the client spelled it (this is how a session recognises its history:
-  the call ids the daemon generated come back unchanged).
+  vLLM that ladsd cannot honour are refused, not ignored; fields that change
+  nothing here are ignored, and so are fields neither defines, as vLLM does
+  (:mod:`.fields`).
+* Tools are parsed and checked here; the output schema they make, the reply
+  parsed back and the canonical turns are in :mod:`.replies`.
 * JSON the daemon parses (tool schemas, ``response_format``, call arguments)
   is nested at most ``MAX_DEPTH`` (64) levels.
 """
@@ -36,15 +23,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ladsd.serve.envelope import (
-    MAX_DEPTH,
-    Decoder,
-    Reply,
-    ToolCall,
-    obj_depth,
-    text_depth,
-)
+from ladsd.serve.envelope import MAX_DEPTH, ToolCall, obj_depth, text_depth
 from ladsd.serve.errors import ApiError, bad
+from ladsd.serve.fields import refuse
 
 SESSION_HEADER = "x-session-id"
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -52,12 +33,6 @@ MAX_STOP = 4
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed refuses more, and vLLM calls it in its step
 _ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")  # session ids (they name engine workflows)
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-CONTENT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"content": {"type": "string"}},
-    "required": ["content"],
-    "additionalProperties": False,
-}
 
 
 @dataclass(frozen=True)
@@ -77,8 +52,11 @@ class Tool:
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling beyond temperature and top_p, as vLLM's SamplingParams has it."""
+    """How tokens are drawn, as vLLM's SamplingParams has it."""
 
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
     top_k: int = 0  # vLLM's; 0 (or -1): every token
     min_p: float = 0.0  # vLLM's
     repetition_penalty: float = 1.0  # vLLM's
@@ -87,7 +65,7 @@ class Sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
 
     def knobs(self) -> dict[str, Any]:
-        """SamplingParams keywords."""
+        """SamplingParams keywords beyond temperature, top_p and seed."""
         return {
             "top_k": self.top_k,
             "min_p": self.min_p,
@@ -99,29 +77,40 @@ class Sampling:
 
 
 @dataclass(frozen=True)
+class Tooling:
+    """The tools offered and how the reply may call them."""
+
+    tools: tuple[Tool, ...] = ()
+    tool_choice: str = "none"  # none | auto | required | the name of one offered tool
+    parallel_tool_calls: bool = True  # several calls in one reply may be made
+
+
+@dataclass(frozen=True)
+class Output:
+    """The reply's length, stops and form, and how it is sent."""
+
+    max_tokens: int | None = None  # None: the rest of the context
+    min_tokens: int = 0  # vLLM's extension
+    ignore_eos: bool = False  # vLLM's extension
+    stop: tuple[str, ...] = ()
+    json_schema: Mapping[str, Any] | None = None  # response_format
+    stream: bool = False
+    include_usage: bool = False
+
+
+@dataclass(frozen=True)
 class ChatRequest:
     model: str
     messages: tuple[Message, ...]
-    tools: tuple[Tool, ...] = ()
-    tool_choice: str = "none"  # none | auto | required | the name of one offered tool
-    max_tokens: int | None = None  # None: the rest of the context
-    temperature: float = 1.0
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    stream: bool = False
-    include_usage: bool = False
-    seed: int | None = None
-    json_schema: Mapping[str, Any] | None = None  # response_format
-    min_tokens: int = 0  # vLLM's extension
-    ignore_eos: bool = False  # vLLM's extension
-    session_id: str | None = None
-    parallel_tool_calls: bool = True  # several calls in one reply may be made
+    session_id: str | None = None  # ladsd's extension (or the x-session-id header)
     sampling: Sampling = field(default_factory=Sampling)
+    tooling: Tooling = field(default_factory=Tooling)
+    output: Output = field(default_factory=Output)
 
     @property
     def calls_tools(self) -> bool:
         """Is the output a structured tool call (or the ``content`` envelope)?"""
-        return bool(self.tools) and self.tool_choice != "none"
+        return bool(self.tooling.tools) and self.tooling.tool_choice != "none"
 
 
 # ---- parsing -------------------------------------------------------------------
@@ -294,77 +283,8 @@ def _response_format(raw: Any) -> Mapping[str, Any] | None:
     raise bad("'response_format' must be text, json_object or json_schema", "response_format")
 
 
-# Fields OpenAI or vLLM define that ladsd does not honour: refused unless absent, null or
-# one of these values (which mean "off").
-REFUSED: dict[str, tuple[Any, ...]] = {
-    "n": (1,),
-    "logprobs": (False,),
-    "top_logprobs": (0,),  # needs logprobs
-    "audio": (),
-    "modalities": (["text"],),
-    "prediction": (),
-    "web_search_options": (),
-    "functions": (),  # the deprecated form of tools
-    "function_call": (),
-    "best_of": (1,),
-    "use_beam_search": (False,),
-    "length_penalty": (1,),
-    "prompt_logprobs": (0,),
-    "echo": (False,),
-    "add_generation_prompt": (True,),
-    "continue_final_message": (False,),
-    "add_special_tokens": (False,),
-    "chat_template": (),
-    "chat_template_kwargs": (),
-    "documents": (),
-    "mm_processor_kwargs": (),
-    "stop_token_ids": ([],),
-    "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,),
-    "spaces_between_special_tokens": (True,),
-    "allowed_token_ids": (),
-    "bad_words": ([],),
-    "truncate_prompt_tokens": (),
-    "logits_processors": (),
-    "return_tokens_as_token_ids": (False,),
-    "return_token_ids": (False,),
-    "structured_outputs": (),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
-    "guided_decoding_backend": (),
-    "guided_whitespace_pattern": (),
-    "priority": (0,),  # the delivery policy orders requests
-    "cache_salt": (),  # a client asking for cache isolation must not be silently shared
-    "kv_transfer_params": (),
-    "vllm_xargs": (),
-}
-# Fields that change nothing here (OpenAI's bookkeeping, hints for other models): ignored.
-IGNORED = frozenset(
-    {
-        "user",
-        "metadata",
-        "store",
-        "service_tier",
-        "safety_identifier",
-        "prompt_cache_key",
-        "prompt_cache_retention",
-        "reasoning_effort",  # the model does not reason
-        "verbosity",
-        "request_id",
-    }
-)
 MAX_LOGIT_BIAS = 1024  # entries
 _TOKEN_ID = re.compile(r"^[0-9]{1,9}$")
-
-
-def _refuse(body: Mapping[str, Any]) -> None:
-    for key, off in REFUSED.items():
-        v = body.get(key)
-        if v is not None and v not in off:
-            only = f" (only {json.dumps(off[0])})" if off else ""
-            raise bad(f"'{key}' is not supported{only}", key)
 
 
 def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
@@ -382,7 +302,10 @@ def _logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out))
 
 
-def _sampling(body: Mapping[str, Any]) -> Sampling:
+def _sampling(
+    body: Mapping[str, Any], temperature: float, top_p: float, seed: int | None
+) -> Sampling:
+    """The rest of the sampling fields, after ``temperature``, ``top_p`` and ``seed``."""
     top_k = _int(body, "top_k", -1)
     rep = body.get("repetition_penalty")
     if rep is not None and (
@@ -390,6 +313,9 @@ def _sampling(body: Mapping[str, Any]) -> Sampling:
     ):
         raise bad("'repetition_penalty' must be a number > 0", "repetition_penalty")
     return Sampling(
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
         top_k=0 if top_k is None else top_k,
         min_p=_num(body, "min_p", 0.0, 1.0, 0.0),
         repetition_penalty=1.0 if rep is None else float(rep),
@@ -428,7 +354,7 @@ def parse(body: Any, header_session: str | None = None) -> ChatRequest:
     if not isinstance(msgs, list) or not msgs:
         raise bad("'messages' must be a non-empty list", "messages")
     messages = tuple(_message(m, i) for i, m in enumerate(msgs))
-    _refuse(body)
+    refuse(body)
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
     schema = _response_format(body.get("response_format"))
@@ -444,277 +370,24 @@ def parse(body: Any, header_session: str | None = None) -> ChatRequest:
     ):
         raise bad("'stream_options' must be {'include_usage': bool}", "stream_options")
     ignore_eos = _bool(body, "ignore_eos", False)
-    return ChatRequest(
-        model=model,
-        messages=messages,
-        tools=tools,
-        tool_choice=choice,
+    # The fields are read in the order they always were: the first bad one is the one named.
+    temperature = _num(body, "temperature", 0.0, 2.0, 1.0)
+    top_p = _num(body, "top_p", 1e-9, 1.0, 1.0)
+    stop = _stop(body.get("stop"))
+    seed = _int(body, "seed", 0, SEED_MAX)
+    output = Output(
         max_tokens=max_tokens,
-        temperature=_num(body, "temperature", 0.0, 2.0, 1.0),
-        top_p=_num(body, "top_p", 1e-9, 1.0, 1.0),
-        stop=_stop(body.get("stop")),
-        stream=stream,
-        include_usage=bool(opts.get("include_usage", False)),
-        seed=_int(body, "seed", 0, SEED_MAX),
-        json_schema=schema,
         min_tokens=_int(body, "min_tokens", 0) or 0,
         ignore_eos=ignore_eos,
-        session_id=session_of(body.get("session_id"), header_session),
-        parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
-        sampling=_sampling(body),
+        stop=stop,
+        json_schema=schema,
+        stream=stream,
+        include_usage=bool(opts.get("include_usage", False)),
     )
-
-
-# ---- tools: prompt text, output schema, reply ------------------------------------
-
-
-def compact(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-
-
-def tools_text(tools: Sequence[Tool]) -> str:
-    """What the model reads about the tools (the end of the system turn)."""
-    specs = [
-        compact({"name": t.name, "description": t.description, "parameters": t.parameters})
-        for t in tools
-    ]
-    return "\n".join(
-        [
-            "# Tools",
-            "",
-            "You may call these functions:",
-            *specs,
-            "",
-            'To call a function, reply with one JSON object: {"name": <function name>, '
-            '"arguments": <its arguments>}. To call several at once, reply {"tool_calls": '
-            '[<call>, <call>, ...]}. To answer without calling one, reply {"content": <your '
-            "answer>}. A function's result comes back in a tool message whose first line is "
-            "the id of the call it answers.",
-        ]
-    )
-
-
-def _embed(schema: Mapping[str, Any], tag: str, defs: dict[str, Any]) -> dict[str, Any]:
-    """``schema``, to be placed below the root of another: its definitions move to the
-    root's ``$defs`` as ``tag.<name>`` and its local refs follow ("#" itself: ``tag``)."""
-    local = {
-        f"#/{kind}/{name}": d for kind in ("$defs", "definitions")
-        if isinstance(schema.get(kind), dict) for name, d in schema[kind].items()
-    }  # fmt: skip
-    body = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
-    rooted: list[bool] = []  # a ref into the schema itself: it becomes a definition too
-
-    def ref(r: str) -> str:
-        for old in local:
-            if r == old or r.startswith(old + "/"):
-                return f"#/$defs/{tag}.{old.split('/', 2)[2]}{r[len(old):]}"
-        if r == "#" or r.startswith("#/"):
-            rooted.append(True)
-            return f"#/$defs/{tag}{r[1:]}"
-        return r
-
-    def moved(o: Any) -> Any:  # depth <= MAX_DEPTH (checked at parse): recursion is safe
-        if isinstance(o, dict):
-            return {k: ref(v) if k == "$ref" and isinstance(v, str) else moved(v)
-                    for k, v in o.items()}  # fmt: skip
-        return [moved(v) for v in o] if isinstance(o, list) else o
-
-    for old, d in local.items():
-        defs[f"{tag}.{old.split('/', 2)[2]}"] = moved(d)
-    out = moved(body)
-    if rooted:
-        defs[tag] = out
-    return out
-
-
-def call_schema(t: Tool, tag: str, defs: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {"name": {"const": t.name}, "arguments": _embed(t.parameters, tag, defs)},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
-
-
-def output_schema(req: ChatRequest) -> Mapping[str, Any] | None:
-    """The JSON schema the output must follow (None: free text).
-
-    A named ``tool_choice`` is one call of it; ``auto`` and ``required`` allow one
-    call of any offered tool or, with ``parallel_tool_calls``, a list of two or more;
-    ``auto`` also the answer (``response_format``'s schema, or a string).
-    """
-    if not req.calls_tools:
-        return req.json_schema
-    defs: dict[str, Any] = {}
-    named = req.tool_choice not in ("auto", "required")
-    calls = [
-        call_schema(t, f"tool{i}", defs)
-        for i, t in enumerate(req.tools)
-        if not named or t.name == req.tool_choice
-    ]
-    branches = list(calls)
-    if req.parallel_tool_calls and not named:
-        item = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        many = {"type": "array", "items": item, "minItems": 2}
-        branches.append(_object("tool_calls", many))
-    if req.tool_choice == "auto":
-        answer = req.json_schema
-        branches.append(
-            CONTENT_SCHEMA if answer is None else _object("content", _embed(answer, "answer", defs))
-        )
-    out = branches[0] if len(branches) == 1 else {"anyOf": branches}
-    return {**out, "$defs": defs} if defs else out
-
-
-def _object(key: str, value: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": {key: value},
-        "required": [key],
-        "additionalProperties": False,
-    }
-
-
-def decoder(req: ChatRequest) -> Decoder:
-    """The envelope decoder of a tools-offered request's output (:mod:`.envelope`)."""
-    return Decoder([t.name for t in req.tools], json_content=req.json_schema is not None)
-
-
-def parse_reply(text: str, req: ChatRequest) -> Reply:
-    """The model's whole output as tool calls or content.
-
-    An output cut at ``max_tokens`` while answering is the answer so far; one cut in
-    a call (or one that is not the envelope) is content as it is (the finish reason
-    says ``length``).
-    """
-    if not req.calls_tools:
-        return Reply(text)
-    dec = decoder(req)
-    dec.feed(text)
-    return dec.reply()
-
-
-# ---- canonical turns ---------------------------------------------------------------
-
-Piece = tuple[str, str]  # (role, text)
-
-
-def _call_obj(c: ToolCall) -> dict[str, Any]:
-    return {"id": c.id, "name": c.name, "arguments": json.loads(c.arguments)}
-
-
-def message_text(content: str | None, calls: Sequence[ToolCall]) -> str:
-    """An assistant turn: its content, then its call (or ``{"tool_calls": [...]}``), with ids."""
-    lines = [content] if content else []
-    if len(calls) == 1:
-        lines.append(compact(_call_obj(calls[0])))
-    elif calls:
-        lines.append(compact({"tool_calls": [_call_obj(c) for c in calls]}))
-    return "\n".join(lines)
-
-
-def tool_text(m: Message) -> str:
-    """A tool message: the id of the call it answers, then its content."""
-    return f"{m.tool_call_id}\n{m.content}"
-
-
-def pieces(req: ChatRequest) -> tuple[Piece, ...]:
-    """The conversation as canonical turns; the tools close the (first) system turn."""
-    out = [
-        (m.role, tool_text(m) if m.role == "tool" else message_text(m.content, m.tool_calls))
-        for m in req.messages
-    ]
-    if req.tools:
-        text = tools_text(req.tools)
-        if out[0][0] == "system":
-            out[0] = ("system", f"{out[0][1]}\n\n{text}")
-        else:
-            out.insert(0, ("system", text))
-    return tuple(out)
-
-
-def reply_piece(reply: Reply) -> Piece:
-    return ("assistant", message_text(reply.content, reply.calls))
-
-
-# ---- response bodies -----------------------------------------------------------------
-
-
-def finish_reason(engine_reason: str | None, reply: Reply) -> str:
-    if reply.calls:
-        return "tool_calls"
-    return "length" if engine_reason == "length" else "stop"
-
-
-def usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    }
-
-
-def calls_body(calls: Sequence[ToolCall], *, index: bool = False) -> list[dict[str, Any]]:
-    out = []
-    for i, c in enumerate(calls):
-        item: dict[str, Any] = {
-            "id": c.id,
-            "type": "function",
-            "function": {"name": c.name, "arguments": c.arguments},
-        }
-        if index:
-            item["index"] = i
-        out.append(item)
-    return out
-
-
-def message_body(reply: Reply) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": reply.content}
-    if reply.calls:
-        msg["tool_calls"] = calls_body(reply.calls)
-    return msg
-
-
-def completion_body(
-    rid: str, created: int, model: str, reply: Reply, finish: str, use: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {"index": 0, "message": message_body(reply), "finish_reason": finish, "logprobs": None}
-        ],
-        "usage": use,
-    }
-
-
-def chunk(
-    rid: str,
-    created: int,
-    model: str,
-    delta: dict[str, Any] | None,
-    finish: str | None = None,
-    use: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A ``chat.completion.chunk``; ``delta`` None gives the usage-only chunk (no choices)."""
-    choices = (
-        []
-        if delta is None
-        else [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
-    )
-    out: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
-    if use is not None:
-        out["usage"] = use
-    return out
+    sid = session_of(body.get("session_id"), header_session)
+    tooling = Tooling(tools, choice, _bool(body, "parallel_tool_calls", True))
+    sampling = _sampling(body, temperature, top_p, seed)
+    return ChatRequest(model, messages, sid, sampling, tooling, output)
 
 
 def check_model(requested: str, served: str) -> None:

@@ -1,8 +1,9 @@
 """``POST /v1/chat/completions`` and ``GET /v1/models`` over the daemon's engine.
 
 One chat request: parse (:mod:`.chat`) -> model check -> admission (429 past
-the limit) -> its session, if it names one -> prompt ids (a session's history
-extended token-exactly, or the whole conversation rendered) -> the engine ->
+the limit) -> its session, if it names one -> prompt ids and params
+(:mod:`.submission`: a session's history extended token-exactly, or the whole
+conversation rendered) -> the engine (through the runtime) ->
 one JSON body, or SSE chunks ending in ``data: [DONE]``.
 
 A session's request whose turns extend its waiting history is submitted with
@@ -25,109 +26,26 @@ import asyncio
 import secrets
 import time
 from contextlib import aclosing
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import Any
 
 from aiohttp import web
 
 from ladsd import clock
-from ladsd.engine.params import sampling
 from ladsd.engine.thread import EngineDead, EngineError
-from ladsd.records import ContinuationId, HistoryNotice
-from ladsd.serve import chat, protocol
-from ladsd.serve.app import (
-    DAEMON,
-    StalledReader,
-    json_response,
-    open_sse,
-    read_json,
-    sse,
-    tenant_of,
-    write_within,
-)
-from ladsd.serve.chat import ChatRequest, Piece, Reply
+from ladsd.records import HistoryNotice
+from ladsd.serve import chat, protocol, replies
+from ladsd.serve.app import read_json, tenant_of
+from ladsd.serve.chat import ChatRequest
+from ladsd.serve.context import CONTEXT, ServeContext
+from ladsd.serve.envelope import Reply
 from ladsd.serve.errors import ApiError, bad
-from ladsd.serve.sessions import Intent, LeaseView, Session, client_key
-
-if TYPE_CHECKING:
-    from ladsd.serve.daemon import Daemon
-
+from ladsd.serve.harness import Intent
+from ladsd.serve.responses import StalledReader, json_response, open_sse, sse, write_within
+from ladsd.serve.sessions import LeaseView, Session, client_key
+from ladsd.serve.submission import Plan, params_for, plan
 
 _ABORTS: set[asyncio.Task] = set()
-
-
-@dataclass
-class Plan:
-    """What one request submits: prompt ids, and the continuation it binds (if any)."""
-
-    turns: tuple[Piece, ...]
-    prompt: list[int]
-    cid: ContinuationId | None
-    extends: bool
-
-
-async def plan(d: Daemon, req: ChatRequest, s: Session | None) -> Plan:
-    """The request's prompt ids, tokenised off the loop after the cheap context check."""
-    turns = chat.pieces(req)
-    n = len(s.turns) if s is not None else 0
-    extends = s is not None and 0 < n < len(turns) and turns[:n] == s.turns
-    history = s.history if s is not None and extends else None
-    cid = s.waiting.cid if s is not None and extends and s.waiting is not None else None
-    new = turns[n:] if extends else turns
-    fits(d, req, len(history or ()) + d.renderer.least(new))
-    return Plan(turns, await d.renderer.ids(new, history), cid, extends)
-
-
-def fits(d: Daemon, req: ChatRequest, least: int) -> None:
-    """Refuse, untokenised, a prompt of at least ``least`` tokens that certainly cannot fit."""
-    limit, want = d.max_model_len, req.max_tokens
-    if least + (want or 1) > limit:
-        more = f" and {want} more were requested" if want else ""
-        raise bad(
-            f"this model's maximum context length is {limit} tokens; the messages take at "
-            f"least {least}{more}",
-            "messages",
-            "context_length_exceeded",
-        )
-
-
-def params_for(d: Daemon, req: ChatRequest, prompt_len: int) -> Any:
-    limit = d.max_model_len
-    room = limit - prompt_len
-    want = req.max_tokens if req.max_tokens is not None else room
-    if room < 1 or want > room:
-        raise bad(
-            f"this model's maximum context length is {limit} tokens; the messages take "
-            f"{prompt_len} and {want} more were requested",
-            "messages",
-            "context_length_exceeded",
-        )
-    check_bias(d, req)
-    try:
-        return sampling(
-            max_tokens=want,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
-            stop=list(req.stop) or None,
-            json_schema=dict(s) if (s := chat.output_schema(req)) is not None else None,
-            min_tokens=req.min_tokens,
-            ignore_eos=req.ignore_eos,
-            knobs=req.sampling.knobs(),
-        )
-    except Exception as e:  # vLLM's own checks (e.g. min_tokens > max_tokens)
-        raise bad(str(e)) from None
-
-
-def check_bias(d: Daemon, req: ChatRequest) -> None:
-    """``logit_bias`` names token ids of this model's vocabulary (400 before any output)."""
-    if not req.sampling.logit_bias:
-        return
-    vocab = len(d.live_engine().tokenizer)
-    outside = [t for t, _ in req.sampling.logit_bias if t >= vocab]
-    if outside:
-        raise bad(f"logit_bias: token ids {outside[:8]} are not in the vocabulary "
-                  f"(0-{vocab - 1})", "logit_bias")  # fmt: skip
 
 
 def claim(s: Session) -> None:
@@ -143,12 +61,12 @@ class Turn:
 
     def __init__(
         self,
-        d: Daemon,
+        ctx: ServeContext,
         req: ChatRequest,
         request: web.Request,
         intents: tuple[Intent, ...] = (),
     ) -> None:
-        self.d = d
+        self.ctx = ctx
         self.req = req
         self.request = request
         self.intents = intents  # the body's ``intent``: set on the session it runs in
@@ -160,16 +78,16 @@ class Turn:
         self.resp: web.StreamResponse | None = None  # the stream, once its headers are out
 
     async def run(self) -> web.StreamResponse:
-        d, req = self.d, self.req
+        ctx, req = self.ctx, self.req
         # An existing session is held (busy) while the request is checked and tokenised;
         # a new one is opened only once the request is valid (a bad one leaves none).
         tenant = tenant_of(self.request)  # sessions are per tenant (the key's)
-        held = d.sessions.get(req.session_id, tenant) if req.session_id else None
+        held = ctx.sessions.get(req.session_id, tenant) if req.session_id else None
         if held is not None:
             claim(held)
         try:
-            p = await plan(d, req, held)
-            params = params_for(d, req, len(p.prompt))
+            p = await plan(ctx, req, held)
+            params = params_for(ctx, req, len(p.prompt))
             p = self._enter(held, p)
         except BaseException:
             if held is not None:
@@ -179,20 +97,20 @@ class Turn:
 
     def _enter(self, held: Session | None, p: Plan) -> Plan:
         """The session the valid request runs in (``self.session``) and its plan there."""
-        d, sid = self.d, self.req.session_id
+        sessions, sid = self.ctx.sessions, self.req.session_id
         if sid is None:
             if self.intents:
                 raise bad("'intent' needs a session (x-session-id or session_id)", "intent")
             return p
         if held is not None:
-            if d.sessions.holds(held):
+            if sessions.holds(held):
                 self.session = held
                 protocol.keep_intents(held, self.intents)
                 return p
             held.busy = False  # ended while the request was tokenised: it runs without
             return Plan(p.turns, p.prompt, None, False)
-        s = d.sessions.open(sid, tenant_of(self.request))
-        if s.turns:  # created by a concurrent request meanwhile: its plan is not ours
+        s = sessions.open(sid, tenant_of(self.request))
+        if s.transcript.turns:  # created by a concurrent request meanwhile: its plan is not ours
             raise ApiError(409, f"session {s.id!r} changed; retry", code="session_busy")
         claim(s)
         self.session = s
@@ -200,48 +118,50 @@ class Turn:
         return p
 
     async def _submit(self, p: Plan, params: Any) -> web.StreamResponse:
-        d, req, s = self.d, self.req, self.session
+        ctx, req, s = self.ctx, self.req, self.session
         if s is not None:
-            if s.waiting is not None and p.cid is None:
-                d.cancel(s.waiting.cid)  # the conversation went another way: nothing to keep
-            self.resume = s.waiting if p.cid is not None else None
+            wait = s.wait
+            if wait.notice is not None and p.cid is None:
+                # the conversation went another way: nothing to keep
+                ctx.runtime.cancel(wait.notice.cid)
+            self.resume = wait.notice if p.cid is not None else None
             if self.resume is not None:  # the tool's result is back: its wait, learned
-                s.tools.observe(clock.now() - self.resume.ready_time)
-            s.waiting, s.bound = None, p.cid
+                s.harness.tools.observe(clock.now() - self.resume.ready_time)
+            wait.notice, wait.bound = None, p.cid
         try:
             try:
-                self.rid = d.live_engine().submit(p.prompt, params, cid=p.cid)
+                self.rid = ctx.live().submit(p.prompt, params, cid=p.cid)
             except EngineDead:
                 raise
             except EngineError as e:
-                if s is not None and s.turn == 0 and d.sessions.holds(s):
-                    d.sessions.end(s.id, s.tenant, "refused")  # opened for a refused request
+                if s is not None and s.turn == 0 and ctx.sessions.holds(s):
+                    ctx.sessions.end(s.id, s.tenant, "refused")  # opened for a refused request
                 raise bad(str(e)) from None
-            if req.stream:
+            if req.output.stream:
                 return await self._stream(p)
             return await self._complete(p)
         except asyncio.CancelledError:
             # While the daemon drains, the cancel is the shutdown's (aiohttp's, past --drain-s)
-            self._gone(by_shutdown=d.draining)
+            self._gone(by_shutdown=ctx.draining)
             raise
         except ConnectionError as e:  # a write failed or timed out: nobody to answer or log
             self._gone(stalled=isinstance(e, StalledReader))
             return self.resp if self.resp is not None else web.Response()
         except BaseException:
             if p.cid is not None:
-                d.cancel(p.cid)  # the bound request failed: its lease protects nothing now
+                ctx.runtime.cancel(p.cid)  # the bound request failed: its lease protects nothing
             self._abort()  # e.g. a 503 before its stream was read: its queue must not stay
             raise
         finally:
             if s is not None:
                 s.busy = False
-                s.bound = None
-                if d.sessions.holds(s):
-                    d.sessions.touch(s)
+                s.wait.bound = None
+                if ctx.sessions.holds(s):
+                    ctx.sessions.touch(s)
 
     async def _complete(self, p: Plan) -> web.Response:
         try:
-            comp = await self.d.live_engine().result(self.rid or "")
+            comp = await self.ctx.live().result(self.rid or "")
         except EngineDead:
             raise
         except EngineError as e:
@@ -250,26 +170,26 @@ class Turn:
             p, comp.token_ids, comp.text, comp.finish_reason, comp.num_cached_tokens
         )
         return json_response(
-            chat.completion_body(self.id, self.created, self.req.model, reply, finish, use)
+            replies.completion_body(self.id, self.created, self.req.model, reply, finish, use)
         )
 
     async def _stream(self, p: Plan) -> web.StreamResponse:
-        req, eng = self.req, self.d.live_engine()
+        req, rt = self.req, self.ctx.live()
         resp = self.resp = await open_sse(self.request)
 
         def chunk(
             delta: dict[str, Any] | None, finish: str | None = None, use: Any = None
         ) -> bytes:
-            return sse(chat.chunk(self.id, self.created, req.model, delta, finish, use))
+            return sse(replies.chunk(self.id, self.created, req.model, delta, finish, use))
 
         await self._write(resp, chunk({"role": "assistant", "content": ""}))
         # With tools the output is a JSON envelope: decoded as it comes, so an answer
         # streams as content and a call as tool_calls deltas (its notice still goes
         # out before the finish chunk that completes it).
-        dec = chat.decoder(req) if req.calls_tools else None
+        dec = replies.decoder(req) if req.calls_tools else None
         sent, last = 0, None
         try:
-            async with aclosing(eng.stream(self.rid or "")) as outs:
+            async with aclosing(rt.stream(self.rid or "")) as outs:
                 async for out in outs:
                     last = out
                     text = out.outputs[0].text
@@ -293,7 +213,7 @@ class Turn:
         for delta in dec.close() if dec is not None else ():
             await self._write(resp, chunk(delta))  # an output that streamed nothing yet
         await self._write(resp, chunk({}, finish))
-        if req.include_usage:
+        if req.output.include_usage:
             await self._write(resp, chunk(None, use=use))
         await self._write(resp, sse("[DONE]"))
         await self._write(resp, eof=True)
@@ -305,7 +225,7 @@ class Turn:
         """The SSE headers are out: the error is the stream's last event (never a second
         response), and the bound history is released (its request failed)."""
         if p.cid is not None:
-            self.d.cancel(p.cid)
+            self.ctx.runtime.cancel(p.cid)
         await self._write(resp, sse(err.body()))
         await self._write(resp, sse("[DONE]"))
         return resp
@@ -317,7 +237,7 @@ class Turn:
         connection is dropped (what it never read with it) and ConnectionResetError
         raised, so its request is aborted like any disconnect's and its slot comes back.
         """
-        await write_within(self.request, resp, data, self.d.cfg.write_timeout_s, eof=eof)
+        await write_within(self.request, resp, data, self.ctx.cfg.write_timeout_s, eof=eof)
 
     async def _finish(
         self,
@@ -333,26 +253,28 @@ class Turn:
         ``decoded``: the reply a stream's decoder made (its call ids were sent), else
         ``text`` is parsed.
         """
-        d, req, s = self.d, self.req, self.session
-        reply = decoded if decoded is not None else chat.parse_reply(text, req)
-        finish = chat.finish_reason(engine_reason, reply)
-        use = chat.usage(len(p.prompt), len(output), cached)
-        d.stats["prompt_tokens"] += len(p.prompt)
-        d.stats["cached_tokens"] += cached
-        d.stats["completion_tokens"] += len(output)
+        ctx, req, s = self.ctx, self.req, self.session
+        reply = decoded if decoded is not None else replies.parse_reply(text, req)
+        finish = replies.finish_reason(engine_reason, reply)
+        use = replies.usage(len(p.prompt), len(output), cached)
+        ctx.stats["prompt_tokens"] += len(p.prompt)
+        ctx.stats["cached_tokens"] += cached
+        ctx.stats["completion_tokens"] += len(output)
         turn = None
-        if s is not None and not d.sessions.holds(s):
+        if s is not None and not ctx.sessions.holds(s):
             s = None  # ended while it ran (DELETE, eviction): nothing to record or announce
         if s is not None:
             self.resume = None  # the turn is recorded: a later disconnect brings nothing back
             s.abandoned = False
             turn = s.turn
             s.turn += 1
-            s.turns = (*p.turns, chat.reply_piece(reply))
-            s.history = tuple(d.renderer.history(p.prompt, output))
+            s.transcript.turns = (*p.turns, replies.reply_piece(reply))
+            renderer = ctx.runtime.renderer
+            assert renderer is not None
+            s.transcript.history = tuple(renderer.history(p.prompt, output))
             if reply.calls:
-                protocol.announce(d, s, [c.name for c in reply.calls])
-        d.events.publish(
+                protocol.announce(ctx, s, [c.name for c in reply.calls])
+        ctx.events.publish(
             "completion",
             s.id if s is not None else None,
             turn=turn,
@@ -373,18 +295,18 @@ class Turn:
         ``by_shutdown``: cancelled by the shutdown, which is no disconnect;
         ``stalled``: it read nothing for the write timeout.
         """
-        d = self.d
+        ctx = self.ctx
         self._abort()
         if by_shutdown:
-            d.stats["shutdown_cancelled"] += 1
+            ctx.stats["shutdown_cancelled"] += 1
             return
-        d.stats["disconnected"] += 1
+        ctx.stats["disconnected"] += 1
         s = self.session
         reason = "write_timeout" if stalled else "client"
-        d.events.publish(
+        ctx.events.publish(
             "disconnect", s.id if s is not None else None, request=self.id, reason=reason
         )
-        if s is not None and d.sessions.holds(s):
+        if s is not None and ctx.sessions.holds(s):
             s.abandoned = True  # until a retry records a turn: not a completed workflow
             if self.resume is not None:
                 self._resume(s, self.resume)
@@ -392,48 +314,50 @@ class Turn:
     def _abort(self) -> None:
         """Abort the engine request (idempotent). The stream's own cleanup aborts too; this
         covers an end between submit and read."""
-        d = self.d
-        if self.rid is not None and d.alive:
-            t = asyncio.get_running_loop().create_task(d.live_engine().abort(self.rid))
+        ctx = self.ctx
+        if self.rid is not None and ctx.alive:
+            t = asyncio.get_running_loop().create_task(ctx.live().abort(self.rid))
             _ABORTS.add(t)  # a task nothing references may be collected before it runs
             t.add_done_callback(_ABORTS.discard)
 
     def _resume(self, s: Session, n: HistoryNotice) -> None:
         """``n`` waits again for the retry of its turn: announced afresh (ready now)."""
-        d = self.d
-        s.waiting = n = replace(n, ready_time=clock.now())
-        if s.lease is None or s.lease.cid != n.cid or s.lease.status != "granted":
+        ctx = self.ctx
+        wait = s.wait
+        wait.notice = n = replace(n, ready_time=clock.now())
+        if wait.lease is None or wait.lease.cid != n.cid or wait.lease.status != "granted":
             # granted: the lease was never handed off and still holds; else a new candidate
-            s.lease = LeaseView(n.cid, status="announced" if d.leases_enabled else "no_leases")
-        if d.alive:
-            d.live_engine().notice(n)
+            on = ctx.runtime.leases_enabled
+            wait.lease = LeaseView(n.cid, status="announced" if on else "no_leases")
+        if ctx.alive:
+            ctx.live().notice(n)
 
 
 async def create(request: web.Request) -> web.StreamResponse:
-    d: Daemon = request.app[DAEMON]
+    ctx = request.app[CONTEXT]
     body = await read_json(request)
     req = chat.parse(body, request.headers.get(chat.SESSION_HEADER))
     intents = protocol.parse_intents(body.get("intent"))
-    chat.check_model(req.model, d.model)
-    d.live_engine()  # 503 at once if the engine is down
-    with d.admit():
-        return await Turn(d, req, request, intents).run()
+    chat.check_model(req.model, ctx.model)
+    ctx.live()  # 503 at once if the engine is down
+    with ctx.admission.admit():
+        return await Turn(ctx, req, request, intents).run()
 
 
 async def models(request: web.Request) -> web.Response:
-    d: Daemon = request.app[DAEMON]
-    return json_response({"object": "list", "data": [d.model_card()]})
+    card = request.app[CONTEXT].served.model_card()
+    return json_response({"object": "list", "data": [card]})
 
 
 async def model(request: web.Request) -> web.Response:
-    d: Daemon = request.app[DAEMON]
-    chat.check_model(request.match_info["id"], d.model)
-    return json_response(d.model_card())
+    served = request.app[CONTEXT].served
+    chat.check_model(request.match_info["id"], served.model)
+    return json_response(served.model_card())
 
 
-def install(d: Daemon) -> None:
-    d.app[DAEMON] = d
-    d.app.add_routes(
+def install(app: web.Application) -> None:
+    """Add the chat and model routes to ``app`` (its :data:`~.context.CONTEXT` set)."""
+    app.add_routes(
         [
             web.post("/v1/chat/completions", create),
             web.get("/v1/models", models),

@@ -7,26 +7,22 @@ requests in flight (up to ``drain_s``), end every session (releasing its
 leases), leave the runtime, which releases every lease and checks the lease
 audit. :meth:`Daemon.run` returns that audit.
 
-Handlers reach the parts as ``daemon.rt`` (the Runtime), ``daemon.engine``,
-``daemon.events`` (the outcome hub), ``daemon.sessions`` and
-``daemon.catalog``; they get the engine through :meth:`Daemon.live_engine`,
-which answers 503 at once while it starts or after it died (never a hang).
+The daemon builds the app and the narrow :class:`~.context.ServeContext` its
+handlers read (sessions, events, admission, the runtime, the settings); each
+handler module exports its routes (``install``), and none imports this module.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 
 from aiohttp import web
 
@@ -36,46 +32,22 @@ from ladsd.modes import EnginePolicy
 from ladsd.records import EngineState
 from ladsd.runtime import Runtime, open_runtime
 from ladsd.serve import agents, completions, metrics, protocol
-from ladsd.serve.app import (
-    DAEMON,
-    WRITE_TIMEOUT_S,
-    CappedSite,
-    Limits,
-    check_bind,
-    is_loopback,
-    json_response,
-    key_table,
-    make_app,
-    make_runner,
+from ladsd.serve.app import CappedSite, check_bind, is_loopback, key_table, make_app, make_runner
+from ladsd.serve.context import (
+    CONTEXT,
+    Admission,
+    RuntimeSlot,
+    ServeConfig,
+    ServeContext,
+    Served,
 )
-from ladsd.serve.chat import SESSION_HEADER
-from ladsd.serve.errors import ApiError
 from ladsd.serve.events import EventHub
 from ladsd.serve.render import Renderer
+from ladsd.serve.responses import json_response
 from ladsd.serve.sessions import LeaseRule, Session, SessionTable
 from web_catalog.db import Catalog, CatalogMissing, open_catalog
 
 log = logging.getLogger("ladsd.serve")
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """The server's own settings (the engine's and the leases' are the profile's)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8731
-    api_key: str | None = None  # the tenant "default"'s key; a key is required off loopback
-    keys: tuple[tuple[str, str], ...] = ()  # (tenant, key) pairs (--api-keys FILE)
-    max_waiting: int = 64  # chat requests admitted beyond the engine's m running ones
-    max_sessions: int = 1024
-    session_ttl_s: float = 600.0
-    max_body_bytes: int = 4 * 1024 * 1024
-    drain_s: float = 30.0  # SIGTERM: how long requests in flight may take to finish
-    write_timeout_s: float = WRITE_TIMEOUT_S  # a stream reader that takes nothing this long: gone
-    limits: Limits = Limits()  # connections: keep-alive, body timeout, caps
-    lease_rule: str = "session"  # a tool wait's lease lifetime: session | fixed (LeaseRule)
-    lease_max_s: float | None = None  # the cap on l_i; None: 8 x the profile's l
-    replica: str | None = None  # this replica's name (ladsd cluster): a label on /metrics
 
 
 class StartInterrupted(Exception):
@@ -129,29 +101,22 @@ class Daemon:
         self.signal: int | None = None  # the signal that began the shutdown
         check_bind(cfg.host, cfg.api_key, cfg.keys)
         keys = key_table(cfg.api_key, cfg.keys)  # API key -> tenant
-        self.profile = profile
-        self.lease_rule = LeaseRule.of(  # ValueError on a bad rule or cap
+        rule = LeaseRule.of(  # ValueError on a bad rule or cap
             cfg.lease_rule, profile.lease.lease_lifetime_s, cfg.lease_max_s
         )
-        self.policy = policy
-        self.engine_policy = EnginePolicy(engine_policy)
-        self.model = profile.engine.model
-        self.max_model_len = profile.engine.max_model_len
-        self.admit_limit = profile.engine.max_num_seqs + cfg.max_waiting
-        self.rt: Runtime | None = None
-        self.engine: EngineThread | None = None
-        self.state: EngineState | None = None
-        self.renderer: Renderer | None = None
+        served = Served(profile, policy, EnginePolicy(engine_policy), rule, int(time.time()))
         tenants = max(1, len(set(keys.values())))
-        self.events = EventHub(max_subscribers=cfg.limits.max_event_streams, tenants=tenants)
-        self.sessions = SessionTable(
-            cfg.max_sessions, cfg.session_ttl_s, self._release, tenants=tenants
+        self.ctx = ServeContext(
+            cfg=cfg,
+            served=served,
+            sessions=SessionTable(
+                cfg.max_sessions, cfg.session_ttl_s, self._release, tenants=tenants
+            ),
+            events=EventHub(max_subscribers=cfg.limits.max_event_streams, tenants=tenants),
+            admission=Admission(profile.engine.max_num_seqs, cfg.max_waiting),
+            runtime=RuntimeSlot(),
+            catalog=_catalog(),
         )
-        self.catalog = _catalog()
-        self.stats: Counter[str] = Counter()
-        self.in_flight = 0
-        self.draining = False
-        self.started = int(time.time())
         self.audit: dict[str, float] | None = None
         self._stop: asyncio.Event | None = None
         self._closer: asyncio.Task[None] | None = None  # closes the event hub after the drain
@@ -161,115 +126,102 @@ class Daemon:
             loopback=is_loopback(cfg.host),
             limits=cfg.limits,
         )
-        self.app[DAEMON] = self
+        self.app[CONTEXT] = self.ctx
         self.app.router.add_get("/health", self.health)
-        completions.install(self)
-        protocol.install(self)
-        metrics.install(self)
-        agents.install(self)
+        completions.install(self.app)
+        protocol.install(self.app)
+        metrics.install(self.app)
+        agents.install(self.app)
         self.app.on_shutdown.append(self._close_streams)
 
-    # ---- what handlers use -----------------------------------------------------------
+    # ---- the parts, for the CLI and tests (handlers read the context) ------------------
     @property
-    def alive(self) -> bool:
-        return self.engine is not None and self.engine.alive
+    def sessions(self) -> SessionTable:
+        return self.ctx.sessions
 
     @property
-    def leases_enabled(self) -> bool:
-        return self.engine is not None and self.engine.lease.enabled
+    def events(self) -> EventHub:
+        return self.ctx.events
+
+    @property
+    def catalog(self) -> Catalog | None:
+        return self.ctx.catalog
+
+    @property
+    def profile(self) -> Profile:
+        return self.ctx.served.profile
+
+    @property
+    def stats(self) -> Counter[str]:
+        return self.ctx.admission.stats
+
+    @property
+    def in_flight(self) -> int:
+        return self.ctx.admission.in_flight
+
+    @property
+    def admit_limit(self) -> int:
+        return self.ctx.admission.limit
+
+    @property
+    def draining(self) -> bool:
+        return self.ctx.admission.draining
+
+    @draining.setter
+    def draining(self, value: bool) -> None:
+        self.ctx.admission.draining = value
+
+    @property
+    def rt(self) -> Runtime | None:
+        return self.ctx.runtime.rt
+
+    @rt.setter
+    def rt(self, rt: Runtime | None) -> None:
+        self.ctx.runtime.rt = rt
+
+    @property
+    def state(self) -> EngineState | None:
+        return self.ctx.runtime.state
+
+    @state.setter
+    def state(self, state: EngineState | None) -> None:
+        self.ctx.runtime.state = state
+
+    @property
+    def renderer(self) -> Renderer | None:
+        return self.ctx.runtime.renderer
+
+    @property
+    def engine(self) -> EngineThread | None:
+        """The engine thread itself (tests, the CLI's exit report); never for handlers."""
+        rt = self.ctx.runtime.rt
+        return rt.engine if rt is not None else None
 
     def live_engine(self) -> EngineThread:
-        eng = self.engine
-        if eng is None:
-            raise ApiError(503, "the engine is starting", code="engine_starting")
-        if not eng.alive:
-            raise ApiError(503, f"the engine is down: {eng.error}", code="engine_dead")
-        return eng
-
-    @contextmanager
-    def admit(self) -> Iterator[None]:
-        """Admission: at most m running + ``max_waiting`` chat requests; more get 429."""
-        if self.draining:
-            raise ApiError(503, "the daemon is shutting down", code="shutting_down")
-        if self.in_flight >= self.admit_limit:
-            self.stats["rejected"] += 1
-            raise ApiError(
-                429,
-                f"{self.in_flight} requests in flight (limit {self.admit_limit}: "
-                f"{self.admit_limit - self.cfg.max_waiting} running + "
-                f"{self.cfg.max_waiting} waiting); retry later",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": "1"},
-            )
-        self.in_flight += 1
-        self.stats["requests"] += 1
-        try:
-            yield
-        finally:
-            self.in_flight -= 1
-
-    def cancel(self, cid: Any) -> None:
-        """Drop a continuation's lease and candidate in the engine (if it still runs)."""
-        if self.alive:
-            assert self.engine is not None
-            self.engine.cancel(cid)
-
-    def capabilities(self) -> dict[str, Any]:
-        return {
-            "chat": {
-                "tools": True,
-                "tool_choice": ["none", "auto", "required", "function"],
-                "streaming": True,
-                "response_format": ["text", "json_object", "json_schema"],
-            },
-            "sessions": {
-                "header": SESSION_HEADER,
-                "max": self.sessions.max_sessions,
-                "max_per_tenant": self.sessions.per_tenant,
-                "idle_ttl_s": self.sessions.ttl_s,
-                "owner": "the tenant of the API key that created it",
-            },
-            "intent": ["tool", "expected_tool_s", "expected_result_bytes"],
-            "retention": list(protocol.MODES) if self.leases_enabled else ["release"],
-            "events": list(protocol.EVENT_TYPES),
-            "admission": {"max_in_flight": self.admit_limit},
-            "connections": dataclasses.asdict(self.cfg.limits),
-        }
-
-    def model_card(self) -> dict[str, Any]:
-        return {
-            "id": self.model,
-            "object": "model",
-            "created": self.started,
-            "owned_by": "ladsd",
-            "max_model_len": self.max_model_len,
-        }
+        """:meth:`engine`, or 503 while it starts or after it died (tests)."""
+        return self.ctx.runtime.live().engine
 
     async def health(self, _: web.Request) -> web.Response:
-        if self.alive:
-            body = {"status": "ok", "model": self.model, "policy": self.policy}
-            body |= {"engine_policy": self.engine_policy.value, "dtype": self.engine.dtype}
-            body |= {"sessions": len(self.sessions), "in_flight": self.in_flight}
-            return json_response(body)
-        eng = self.engine
-        if eng is None:
+        rt, served = self.ctx.runtime.rt, self.ctx.served
+        if rt is None:
             return json_response({"status": "starting"}, 503)
-        return json_response({"status": "engine down", "error": str(eng.error)}, 503)
+        if not rt.alive:
+            return json_response({"status": "engine down", "error": str(rt.error)}, 503)
+        body = {"status": "ok", "model": served.model, "policy": served.policy}
+        body |= {"engine_policy": served.engine_policy.value, "dtype": rt.engine_info().dtype}
+        body |= {"sessions": len(self.sessions), "in_flight": self.in_flight}
+        return json_response(body)
 
     # ---- wiring ------------------------------------------------------------------------
     def _attach(self, rt: Runtime) -> None:
-        self.rt, self.engine = rt, rt.engine
-        self.renderer = Renderer(rt.engine.tokenizer)
-        inner = rt.engine.on_state  # the runtime's (sender feedback): keep it first
+        self.ctx.runtime.attach(rt)
 
-        def on_state(state: EngineState) -> None:
-            if inner is not None:
-                inner(state)
+        def on_state(state: EngineState) -> None:  # after the runtime's (sender feedback)
             self.state = state
             self.sessions.observe(state)
             self.events.on_state(state, self._owner)
 
-        rt.engine.on_state = on_state
+        rt.subscribe(on_state)
 
     def _owner(self, workflow: str) -> tuple[str | None, str]:
         """An engine workflow's tenant and the id its client knows: ``tenant/session``
@@ -282,7 +234,7 @@ class Daemon:
 
     def _release(self, s: Session) -> None:
         for cid in s.held():
-            self.cancel(cid)
+            self.ctx.runtime.cancel(cid)
         if self.rt is not None and completed(s, self.draining):
             self.rt.end_workflow(s.workflow, s.turn)  # HEAR's continuation estimate learns it
         self.events.publish("session_end", s.id, tenant=s.tenant, turns=s.turn, why=s.ended_by)
@@ -337,8 +289,9 @@ class Daemon:
         """
         assert self._stop is not None
         async with AsyncExitStack() as stack:
+            s = self.ctx.served
             cm = open_runtime(
-                self.profile, self.policy, engine_policy=self.engine_policy, upkeep=self.upkeep
+                s.profile, s.policy, engine_policy=s.engine_policy, upkeep=self.upkeep
             )
             opening = asyncio.ensure_future(stack.enter_async_context(cm))
             stopped = asyncio.ensure_future(self._stop.wait())

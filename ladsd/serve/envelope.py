@@ -1,6 +1,6 @@
 """The tools-offered output (an xgrammar-constrained JSON envelope), decoded as it streams.
 
-With tools offered the model writes one of (:func:`ladsd.serve.chat.output_schema`):
+With tools offered the model writes one of (:func:`ladsd.serve.replies.output_schema`):
 
 * ``{"content": <the answer>}``: a JSON string, or with ``response_format`` the
   JSON value of the response schema (its text is the answer);

@@ -19,15 +19,13 @@ Every sample carries ``model_name``, and ``replica`` when ``serve --replica NAME
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-if TYPE_CHECKING:
-    from ladsd.serve.daemon import Daemon
+from ladsd.serve.context import CONTEXT, ServeContext
 
 # ladsd_lease_<name>_total: (engine counter, help)
 LEASE_COUNTERS = {
@@ -45,15 +43,15 @@ class Collector:
     """Builds every family at scrape time (no state of its own); ``replica``: the label
     value every sample carries (none without it)."""
 
-    def __init__(self, daemon: Daemon, replica: str | None = None) -> None:
-        self.d = daemon
+    def __init__(self, ctx: ServeContext, replica: str | None = None) -> None:
+        self.ctx = ctx
         self.replica = replica
 
     def describe(self) -> list[Metric]:
         return []  # families are built per scrape; nothing to check at registration
 
     def collect(self) -> Iterator[Metric]:
-        d = self.d
+        d = self.ctx
         s = d.state
         label = ["model_name"]
         model = [d.model]
@@ -117,7 +115,7 @@ class Collector:
         yield gauge("ladsd_engine_alive", "1 while the engine thread runs.", float(d.alive))
 
     def _delivery(self, gauge, counter) -> Iterator[Metric]:  # type: ignore[no-untyped-def]
-        rt = self.d.rt
+        rt = self.ctx.rt
         link = rt.sender.stats() if rt is not None else {}
         pol = rt.policy.stats() if rt is not None else {}
         yield gauge(
@@ -144,18 +142,20 @@ class Collector:
         )
 
 
-def registry(daemon: Daemon, replica: str | None = None) -> CollectorRegistry:
+def registry(ctx: ServeContext, replica: str | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(Collector(daemon, replica))  # type: ignore[arg-type]
+    reg.register(Collector(ctx, replica))  # type: ignore[arg-type]
     return reg
 
 
-def install(daemon: Daemon) -> None:
-    reg = registry(daemon, daemon.cfg.replica)
+def install(app: web.Application) -> None:
+    """Add ``GET /metrics`` to ``app`` (its :data:`~.context.CONTEXT` set)."""
+    ctx = app[CONTEXT]
+    reg = registry(ctx, ctx.cfg.replica)
 
     async def metrics(_: web.Request) -> web.Response:
         resp = web.Response(body=generate_latest(reg))
         resp.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return resp
 
-    daemon.app.router.add_get("/metrics", metrics)
+    app.router.add_get("/metrics", metrics)

@@ -30,9 +30,10 @@ tenant's session is a 404, as one that does not exist).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -40,22 +41,14 @@ from ladsd import clock
 from ladsd.engine.thread import EngineDead
 from ladsd.records import HistoryNotice, LeaseEventKind
 from ladsd.runtime import prefix_digest
-from ladsd.serve.app import (
-    DAEMON,
-    json_response,
-    open_sse,
-    read_json,
-    sse,
-    tenant_of,
-    write_within,
-)
-from ladsd.serve.chat import _TOOL_NAME, session_of
+from ladsd.serve.app import read_json, tenant_of
+from ladsd.serve.chat import _TOOL_NAME, SESSION_HEADER, session_of
+from ladsd.serve.context import CONTEXT, ServeContext
 from ladsd.serve.errors import ApiError, bad
 from ladsd.serve.events import wire
-from ladsd.serve.sessions import ANY_TOOL, Intent, LeaseRule, LeaseView, Session, client_key
-
-if TYPE_CHECKING:
-    from ladsd.serve.daemon import Daemon
+from ladsd.serve.harness import ANY_TOOL, Intent
+from ladsd.serve.responses import json_response, open_sse, sse, write_within
+from ladsd.serve.sessions import LeaseRule, LeaseView, Session, client_key
 
 log = logging.getLogger("ladsd.serve")
 # Defaults when no intent says otherwise. The client's tool results never travel
@@ -86,19 +79,19 @@ def notice(
     carries ``l_i`` from the expected wait; under ``fixed`` it carries no lifetime.
     """
     tools = [tool or ANY_TOOL] if tool is None or isinstance(tool, str) else list(tool)
-    learned = s.tools.expected_s if rule is not None and rule.learns else None
+    learned = s.harness.tools.expected_s if rule is not None and rule.learns else None
     default = DEFAULT_TOOL_S if learned is None else learned
     secs, size = 0.0, 0
     for name in tools:
-        it = s.intent_for(name)
+        it = s.harness.intent_for(name)
         t = it.expected_tool_s if it is not None else None
         b = it.expected_result_bytes if it is not None else None
         secs = max(secs, default if t is None else t)
         size += DEFAULT_RESULT_BYTES if b is None else b
     return HistoryNotice(
         cid=s.cid(s.turn),
-        token_ids=s.history,
-        prefix_digest=prefix_digest(s.history),
+        token_ids=s.transcript.history,
+        prefix_digest=prefix_digest(s.transcript.history),
         payload_digest="",  # the result is the client's: the daemon never sees it in advance
         ready_time=clock.now(),
         payload_bytes=size,
@@ -108,17 +101,18 @@ def notice(
     )
 
 
-def announce(d: Daemon, s: Session, tool: str | Sequence[str]) -> None:
+def announce(ctx: ServeContext, s: Session, tool: str | Sequence[str]) -> None:
     """``s`` ended in a call of ``tool`` (or calls of several): its history waits; tell the
     lease provider."""
-    p = d.rt.continuation.p(s.turn) if d.rt is not None else None
-    n = notice(s, tool, p, d.lease_rule)
-    s.waiting = n
+    p = ctx.rt.continuation.p(s.turn) if ctx.rt is not None else None
+    n = notice(s, tool, p, ctx.served.lease_rule)
+    s.wait.notice = n
     # Without leases (e.g. --policy fifo) the notice is still sent, as the replay does,
     # but nothing will ever be granted: say so instead of "announced".
-    s.lease = LeaseView(n.cid, status="announced" if d.leases_enabled else "no_leases")
+    on = ctx.runtime.leases_enabled
+    s.wait.lease = LeaseView(n.cid, status="announced" if on else "no_leases")
     try:
-        d.live_engine().notice(n)  # queued ahead of the client's next request
+        ctx.live().notice(n)  # queued ahead of the client's next request
     except (EngineDead, ApiError):
         log.warning("engine down: the history of session %s is not announced", s.id)
 
@@ -160,8 +154,7 @@ def _sid(request: web.Request) -> str:
 
 def _session(request: web.Request) -> Session:
     """The caller's session named in the path (404 if the caller has none by that id)."""
-    d: Daemon = request.app[DAEMON]
-    return d.sessions.find(_sid(request), tenant_of(request))
+    return request.app[CONTEXT].sessions.find(_sid(request), tenant_of(request))
 
 
 def parse_intents(raw: Any) -> tuple[Intent, ...]:
@@ -182,9 +175,10 @@ def parse_intents(raw: Any) -> tuple[Intent, ...]:
 def keep_intents(s: Session, intents: Sequence[Intent]) -> None:
     """Set ``intents`` on ``s`` (newest per tool wins); 400 past MAX_INTENTS tools."""
     for it in intents:
-        if it.tool not in s.intents and len(s.intents) >= MAX_INTENTS:
+        kept = s.harness.intents
+        if it.tool not in kept and len(kept) >= MAX_INTENTS:
             raise bad(f"a session keeps at most {MAX_INTENTS} intents", "tool")
-        s.intents[it.tool] = it
+        kept[it.tool] = it
 
 
 async def intent(request: web.Request) -> web.Response:
@@ -200,41 +194,41 @@ async def intent(request: web.Request) -> web.Response:
 
 
 async def retention(request: web.Request) -> web.Response:
-    d: Daemon = request.app[DAEMON]
+    ctx = request.app[CONTEXT]
     body = await read_json(request)
     mode = body.get("mode") if isinstance(body, dict) else None
     if mode not in MODES:
         raise bad(f"'mode' must be one of {', '.join(MODES)}", "mode")
     s = _session(request)
-    eng = d.live_engine()
-    if mode != "release" and not d.leases_enabled:
+    rt = ctx.live()
+    if mode != "release" and not ctx.runtime.leases_enabled:
         raise ApiError(
             409,
-            f"policy {d.policy} runs without leases: nothing can be retained",
+            f"policy {ctx.served.policy} runs without leases: nothing can be retained",
             code="leases_disabled",
         )
     if s.busy:  # its request may be binding the waiting history right now
         raise ApiError(
             409, f"session {s.id!r} has a request in flight", code="session_busy"
         )
-    n, view = s.waiting, s.lease
+    n, view = s.wait.notice, s.wait.lease
     if n is None or view is None:
         raise ApiError(
             409, f"session {s.id!r} has no history waiting for a tool", code="not_waiting"
         )
     if mode == "release":
-        d.cancel(n.cid)
-        s.waiting = None
+        ctx.runtime.cancel(n.cid)
+        s.wait.notice = None
         return json_response({"status": "released", "lease": view.as_dict()})
     view.mode = mode
     if mode == "preference":
-        eng.notice(n)  # a repeat leaves a lease or a pending candidate as it is
+        rt.notice(n)  # a repeat leaves a lease or a pending candidate as it is
         return json_response({"status": "accepted", "lease": view.as_dict()}, 202)
-    reason = await eng.require(n)
+    reason = await rt.require(n)
     if reason is not None:
         view.status, view.reason = "refused", reason
         key = client_key(n.cid)
-        d.events.publish("refusal", s.id, turn=n.cid.turn, continuation=key, reason=reason)
+        ctx.events.publish("refusal", s.id, turn=n.cid.turn, continuation=key, reason=reason)
         raise ApiError(409, f"the requirement cannot be held now: {reason}", code="refused")
     # Held now; its record (blocks, deadline) comes with the next published state.
     view.status, view.reason = "granted", None
@@ -249,26 +243,27 @@ async def session_state(request: web.Request) -> web.Response:
 
 
 async def sessions(request: web.Request) -> web.Response:
-    d: Daemon = request.app[DAEMON]
-    mine = d.sessions.of(tenant_of(request))
+    mine = request.app[CONTEXT].sessions.of(tenant_of(request))
     return json_response({"object": "list", "data": [s.view() for s in mine]})
 
 
 async def delete_session(request: web.Request) -> web.Response:
-    d: Daemon = request.app[DAEMON]
     s = _session(request)
-    d.sessions.end(s.id, s.tenant, why="delete")
+    request.app[CONTEXT].sessions.end(s.id, s.tenant, why="delete")
     return json_response({"id": s.id, "object": "session.deleted", "deleted": True})
 
 
 async def engine_state(request: web.Request) -> web.Response:
-    d: Daemon = request.app[DAEMON]
-    eng = d.live_engine()
-    lease = eng.lease
-    s = d.state
-    body: dict[str, Any] = {"object": "engine.state", "model": d.model, "profile": d.profile.name}
+    ctx = request.app[CONTEXT]
+    served = ctx.served
+    rt = ctx.live()
+    info = rt.engine_info()  # lease config, block size, dtype
+    lease = info.lease
+    s = ctx.state
+    body: dict[str, Any] = {"object": "engine.state", "model": served.model}
+    body["profile"] = served.profile.name
     if s is None:  # nothing published yet (the first tick is 100 ms away)
-        snap = await eng.snapshot()
+        snap = await rt.snapshot()
         body |= {"F": snap.free_blocks, "w": snap.waiting, "a": snap.running}
         usable = snap.total_blocks - 1  # the null block, as the published state counts it
         body |= {"m": snap.max_num_seqs, "total_blocks": usable, "kappa": snap.kappa}
@@ -283,14 +278,14 @@ async def engine_state(request: web.Request) -> web.Response:
     body |= {
         "H": lease.headroom_blocks,
         "l": lease.lease_lifetime_s,
-        "block_size": eng.cfg.resolved_block_size(),
-        "dtype": eng.dtype,
-        "max_model_len": d.max_model_len,
-        "policy": d.policy,
-        **d.lease_rule.as_dict(),  # --lease-rule, --lease-max-s and the margin (ours)
-        "leases_enabled": d.leases_enabled,
-        "sessions": len(d.sessions),
-        "supports": d.capabilities(),
+        "block_size": info.block_size,
+        "dtype": info.dtype,
+        "max_model_len": served.max_model_len,
+        "policy": served.policy,
+        **served.lease_rule.as_dict(),  # --lease-rule, --lease-max-s and the margin (ours)
+        "leases_enabled": ctx.runtime.leases_enabled,
+        "sessions": len(ctx.sessions),
+        "supports": capabilities(ctx),
     }
     return json_response(body)
 
@@ -311,20 +306,21 @@ def _backlog(raw: str, keep: int) -> int:
 async def events(request: web.Request) -> web.StreamResponse:
     """SSE of the caller's outcomes; ``?session_id=`` filters, ``?backlog=N`` replays the
     last N first. Every refusal (400, 429) comes before the stream opens."""
-    d: Daemon = request.app[DAEMON]
+    ctx = request.app[CONTEXT]
+    hub = ctx.events
     sid = session_of(request.query.get("session_id"), None)
-    n = _backlog(request.query.get("backlog", "0"), d.events.backlog.maxlen or 0)
-    sub = d.events.join(sid, n, tenant_of(request))  # 429 past the subscriber cap
+    n = _backlog(request.query.get("backlog", "0"), hub.backlog.maxlen or 0)
+    sub = hub.join(sid, n, tenant_of(request))  # 429 past the subscriber cap
     try:
         resp = await open_sse(request)
-        limit = d.cfg.write_timeout_s  # a reader that stops reading loses its subscription
-        async for ev in d.events.follow(sub):
+        limit = ctx.cfg.write_timeout_s  # a reader that stops reading loses its subscription
+        async for ev in hub.follow(sub):
             data = b": keep-alive\n\n" if ev is None else sse(wire(ev), ev["type"])
             await write_within(request, resp, data, limit)
         await resp.write_eof()
         return resp  # a reader that went away: the errors middleware logs it at debug
     finally:
-        d.events.leave(sub)
+        hub.leave(sub)
 
 
 EVENT_TYPES = (
@@ -341,8 +337,34 @@ EVENT_TYPES = (
 )
 
 
-def install(d: Daemon) -> None:
-    d.app.add_routes(
+def capabilities(ctx: ServeContext) -> dict[str, Any]:
+    """What this daemon supports (``GET /v1/engine/state``'s ``supports``)."""
+    t = ctx.sessions
+    return {
+        "chat": {
+            "tools": True,
+            "tool_choice": ["none", "auto", "required", "function"],
+            "streaming": True,
+            "response_format": ["text", "json_object", "json_schema"],
+        },
+        "sessions": {
+            "header": SESSION_HEADER,
+            "max": t.max_sessions,
+            "max_per_tenant": t.per_tenant,
+            "idle_ttl_s": t.ttl_s,
+            "owner": "the tenant of the API key that created it",
+        },
+        "intent": ["tool", "expected_tool_s", "expected_result_bytes"],
+        "retention": list(MODES) if ctx.runtime.leases_enabled else ["release"],
+        "events": list(EVENT_TYPES),
+        "admission": {"max_in_flight": ctx.admission.limit},
+        "connections": dataclasses.asdict(ctx.cfg.limits),
+    }
+
+
+def install(app: web.Application) -> None:
+    """Add the session, state and event routes to ``app`` (its :data:`~.context.CONTEXT` set)."""
+    app.add_routes(
         [
             web.get("/v1/engine/state", engine_state),
             web.get("/v1/events", events),

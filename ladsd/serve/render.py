@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ladsd.agent.prompt import ChatML
-from ladsd.serve.chat import Piece
+from ladsd.serve.replies import Piece
 
 
 def max_token_chars(tokenizer: Any) -> int | None:

@@ -6,9 +6,9 @@ is the session's incarnation (a new one after ``DELETE`` or expiry), so a
 lease of an ended incarnation can never bind a request of the next one.
 
 When a request ends in a tool call, the session keeps the history that waits
-for the tool (``waiting``: the notice sent to the engine) and the canonical
+for the tool (``wait.notice``: the notice sent to the engine) and the canonical
 turns it renders; the next request whose turns extend them binds that
-continuation (``bound`` while it runs). Ending a session, however it ends
+continuation (``wait.bound`` while it runs). Ending a session, however it ends
 (``DELETE``, TTL, eviction, shutdown), hands every continuation it holds to
 ``release``, which cancels them in the engine. A client that disconnects
 mid-request does not end its session: the history its request bound waits
@@ -27,14 +27,13 @@ is busy it is refused (429).
 How a session ended (``ended_by``) decides whether it counts as a completed
 workflow in HEAR's continuation estimate (:meth:`Session.completed`).
 
-Each session learns its own tool time (:class:`ToolTimes`); ``--lease-rule``
+Each session learns its own tool time (:class:`~.harness.ToolTimes`); ``--lease-rule``
 (:class:`LeaseRule`) turns the expected wait into the lease lifetime ``l_i``.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,12 +43,11 @@ from ladsd import clock
 from ladsd.engine import budget as bud
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, LeaseEventKind
 from ladsd.serve.app import LOCAL
-from ladsd.serve.chat import Piece
 from ladsd.serve.errors import ApiError
+from ladsd.serve.harness import Harness
+from ladsd.serve.replies import Piece
 
-ANY_TOOL = "*"
 LEASE_RULES = ("session", "fixed")
-TOOL_EWMA = 0.5  # weight of the latest wait: one float kept, a new tool shows within 2 waits
 
 # Lease status of a session's waiting history, after the engine's events.
 _STATUS = {
@@ -63,47 +61,11 @@ _STATUS = {
 
 
 @dataclass(frozen=True)
-class Intent:
-    """HEAR intent: what the harness expects of a tool (a prediction, not a promise)."""
-
-    tool: str  # a tool name, or ANY_TOOL
-    expected_tool_s: float | None = None
-    expected_result_bytes: int | None = None
-
-
-@dataclass
-class ToolTimes:
-    """A session's observed tool waits (ours): an EWMA, alpha :data:`TOOL_EWMA`.
-
-    A wait runs from the notice of a reply that ended in a tool call (its
-    ``ready_time``) to the session's next request that binds it: the tool, the
-    client and the request's tokenisation, i.e. what the lease had to cover.
-    """
-
-    expected_s: float | None = None  # None until a wait was observed
-    observed: int = 0
-    last_s: float | None = None
-
-    def observe(self, wait_s: float) -> None:
-        """One more wait; a clock step back counts as 0 s (never an error in a request)."""
-        if math.isnan(wait_s) or math.isinf(wait_s):
-            return
-        w = max(0.0, wait_s)
-        prev = self.expected_s
-        self.expected_s = w if prev is None else TOOL_EWMA * w + (1 - TOOL_EWMA) * prev
-        self.observed += 1
-        self.last_s = w
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"observed": self.observed, "expected_s": self.expected_s, "last_s": self.last_s}
-
-
-@dataclass(frozen=True)
 class LeaseRule:
     """How a tool wait gets its lease lifetime ``l_i`` (``--lease-rule``; ours).
 
     ``session``: expected wait = the intent's ``expected_tool_s``, else the
-    session's learned wait (:class:`ToolTimes`), else the default (1 s);
+    session's learned wait (:class:`~.harness.ToolTimes`), else the default (1 s);
     ``l_i = min(cap_s, max(l, 1.5 x expected))``
     (:func:`~ladsd.engine.budget.lease_lifetime`). ``fixed``: the spec's ``l``
     for every lease (no lifetime on the notice) and nothing learned is used.
@@ -175,23 +137,47 @@ class LeaseView:
 
 
 @dataclass
+class ToolWait:
+    """A session's continuations in the engine: the history that waits for a tool (the
+    notice sent), the lease view of it, and the continuation its request in flight binds."""
+
+    notice: HistoryNotice | None = None  # history announced to the engine, waiting for a tool
+    lease: LeaseView | None = None  # of the latest waiting history
+    bound: ContinuationId | None = None  # continuation of the request in flight
+
+    def held(self) -> list[ContinuationId]:
+        out = [self.notice.cid] if self.notice is not None else []
+        if self.bound is not None and self.bound not in out:
+            out.append(self.bound)
+        return out
+
+
+@dataclass
+class Transcript:
+    """What a session has said so far: its canonical turns through the last reply and
+    their token ids (the history a tool result extends)."""
+
+    turns: tuple[Piece, ...] = ()  # canonical conversation through the last reply
+    history: tuple[int, ...] = ()  # its token ids: the last prompt + output, closed
+
+
+@dataclass
 class Session:
+    """One agent's conversation: its identity and life here, the rest in parts by concern
+    (what it said, what waits in the engine, what its harness said of its tools)."""
+
     id: str
     version: int
     created: float
     last_used: float
     turn: int = 0  # the next request's turn
-    turns: tuple[Piece, ...] = ()  # canonical conversation through the last reply
-    history: tuple[int, ...] = ()  # its token ids: the last prompt + output, closed
-    waiting: HistoryNotice | None = None  # history announced to the engine, waiting for a tool
-    bound: ContinuationId | None = None  # continuation of the request in flight
     busy: bool = False
-    intents: dict[str, Intent] = field(default_factory=dict)
-    lease: LeaseView | None = None  # of the latest waiting history
     tenant: str = LOCAL  # whose key created it
     ended_by: str | None = None  # delete | ttl | evicted | shutdown | ...
     abandoned: bool = False  # its client went away mid-request and no turn came since
-    tools: ToolTimes = field(default_factory=ToolTimes)  # its observed tool waits
+    wait: ToolWait = field(default_factory=ToolWait)  # its continuations in the engine
+    transcript: Transcript = field(default_factory=Transcript)  # its turns and token ids
+    harness: Harness = field(default_factory=Harness)  # its tools' intents and waits
 
     @property
     def workflow(self) -> str:
@@ -201,7 +187,8 @@ class Session:
     @property
     def awaits_tool(self) -> bool:
         """Its last reply was a tool call whose result has not come."""
-        return self.lease is not None and self.lease.cid.turn == self.turn
+        lease = self.wait.lease
+        return lease is not None and lease.cid.turn == self.turn
 
     def completed(self) -> bool:
         """A workflow that ended by itself (HEAR learns its call count from these only).
@@ -220,20 +207,14 @@ class Session:
 
     def held(self) -> list[ContinuationId]:
         """Continuations this session may hold engine state for."""
-        out = [self.waiting.cid] if self.waiting is not None else []
-        if self.bound is not None and self.bound not in out:
-            out.append(self.bound)
-        return out
-
-    def intent_for(self, tool: str) -> Intent | None:
-        return self.intents.get(tool) or self.intents.get(ANY_TOOL)
+        return self.wait.held()
 
     def view(self) -> dict[str, Any]:
-        lease = None
-        if self.lease is not None:  # with the waiting history's timing
-            w = self.waiting
-            n = w if w is not None and w.cid == self.lease.cid else None
-            lease = self.lease.as_dict() | {
+        lease, wait = None, self.wait
+        if wait.lease is not None:  # with the waiting history's timing
+            w = wait.notice
+            n = w if w is not None and w.cid == wait.lease.cid else None
+            lease = wait.lease.as_dict() | {
                 "lifetime_s": n.lifetime_s if n is not None else None,  # l_i; None: l
                 "expected_wait_s": n.expected_wait_s if n is not None else None,
             }
@@ -243,11 +224,11 @@ class Session:
             "version": self.version,
             "turn": self.turn,
             "busy": self.busy,
-            "waiting_for_tool": self.waiting is not None,
-            "history_tokens": len(self.history),
+            "waiting_for_tool": wait.notice is not None,
+            "history_tokens": len(self.transcript.history),
             "idle_s": max(0.0, clock.now() - self.last_used) if not self.busy else 0.0,
-            "intents": [i.__dict__ for i in self.intents.values()],
-            "tool_times": self.tools.as_dict(),
+            "intents": [i.__dict__ for i in self.harness.intents.values()],
+            "tool_times": self.harness.tools.as_dict(),
             "lease": lease,
         }
 
@@ -357,7 +338,7 @@ class SessionTable:
         self.ended += 1
         s.ended_by = why
         self.release(s)
-        s.waiting = s.bound = None
+        s.wait.notice = s.wait.bound = None
 
     def expire(self) -> list[str]:
         """End the sessions idle for longer than the TTL (their ids)."""
@@ -379,8 +360,8 @@ class SessionTable:
         """Follow the engine's lease records and events for the sessions' leases."""
         for rec in state.leases:
             s = self.owner(rec.cid)
-            if s is not None and s.lease is not None and s.lease.cid == rec.cid:
-                v = s.lease
+            if s is not None and s.wait.lease is not None and s.wait.lease.cid == rec.cid:
+                v = s.wait.lease
                 v.protected_blocks = len(rec.protected_blocks)
                 v.exclusive_blocks = rec.exclusive_blocks
                 v.granted_at, v.deadline, v.generation = (
@@ -390,9 +371,9 @@ class SessionTable:
                 )
         for ev in state.events:
             s = self.owner(ev.cid)
-            if s is None or s.lease is None or s.lease.cid != ev.cid:
+            if s is None or s.wait.lease is None or s.wait.lease.cid != ev.cid:
                 continue
-            v = s.lease
+            v = s.wait.lease
             if ev.kind is not LeaseEventKind.DENIAL or v.status != "granted":
                 v.status = _STATUS[ev.kind]
             if ev.kind is LeaseEventKind.GRANT:

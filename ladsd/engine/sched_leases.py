@@ -13,6 +13,10 @@
 * ``reset_prefix_cache()`` drops every lease first when nothing else holds a
   block (a held lease would make vLLM's reset fail); while requests hold
   blocks vLLM refuses the reset anyway and the leases stay.
+* Engine policies plug in as one hook object (:mod:`ladsd.engine.sched_hooks`,
+  installed at setup), called at fixed points of the lease API and of
+  ``schedule()`` / ``add_request`` / ``_preempt_request`` / ``_free_request``;
+  vLLM's own order has hooks that do nothing.
 * Lock/unlock rules are in :mod:`ladsd.engine.lease_book` and
   :mod:`ladsd.engine.lease_pool`: references only through ``BlockPool.touch``
   and ``BlockPool.free_blocks``, one release per lease, ``ref_cnt`` never
@@ -27,6 +31,7 @@ from typing import Any
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request
 
 from ladsd import clock as _clock
 from ladsd.config import LeaseConfig
@@ -37,8 +42,9 @@ from ladsd.engine.lease_pool import (
     check_pool,
     native_refs,
 )
-from ladsd.engine.resident import resident_prefix
-from ladsd.engine.stamps import StampMixin
+from ladsd.engine.lease_resident import resident_prefix
+from ladsd.engine.sched_hooks import NO_HOOKS, SchedHooks
+from ladsd.engine.sched_stamps import StampMixin
 from ladsd.modes import Retention
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 
@@ -57,6 +63,7 @@ class LeaseMixin:
 
     _lease_book: LeaseBook | None = None
     _lease_seq = 0
+    _lease_hooks: SchedHooks = NO_HOOKS  # the engine policy's (set up after the book)
 
     # vLLM attributes this mixin relies on (provided by Scheduler).
     kv_cache_manager: Any
@@ -80,8 +87,8 @@ class LeaseMixin:
 
         ``retention`` (:class:`~ladsd.modes.Retention`): LADS and NONE differ
         only by ``cfg.enabled``; TTL_PIN pins every notice at readiness
-        (:mod:`ladsd.engine.pins`); SESSION orders the free queue by HEAR's
-        ``r`` (:mod:`ladsd.engine.session`).
+        (:mod:`ladsd.engine.lease_pins`); SESSION orders the free queue by HEAR's
+        ``r`` (:mod:`ladsd.engine.lease_sessions`).
         """
         if self._lease_book is not None:
             raise RuntimeError("lease_setup() was already called")
@@ -109,6 +116,7 @@ class LeaseMixin:
     def lease_notice(self, n: HistoryNotice) -> None:
         """Result ready: compute ``P_i``, evaluate the budget, FIFO grant before the sender."""
         self.lease_book.notice(n)
+        self._lease_hooks.noticed(n)
 
     def lease_preserve(self, cid: ContinuationId, ttl_s: float) -> bool:
         """AugServe's Preserve: pin ``cid``'s ``P_i`` outside the budget for ``min(ttl_s, l)``."""
@@ -125,14 +133,17 @@ class LeaseMixin:
     def lease_bind(self, cid: ContinuationId, request_id: str) -> None:
         """``cid`` was registered as engine request ``request_id`` (handoff target)."""
         self.lease_book.bind(cid, request_id)
+        self._lease_hooks.bound(cid, request_id)
 
     def lease_cancel(self, cid: ContinuationId) -> None:
         """The workflow was cancelled: drop lease and candidate (idempotent)."""
         self.lease_book.cancel(cid)
+        self._lease_hooks.cancelled(cid)
 
     def lease_tick(self) -> None:
         """100 ms tick: expiry, revocation, budget evaluation, replenishment."""
         self.lease_book.tick()
+        self._lease_hooks.ticked()
 
     def lease_quiet(self) -> bool:
         """No candidate, lease or pin is live: a tick would find nothing to do."""
@@ -144,6 +155,7 @@ class LeaseMixin:
         state = self.lease_book.state(self._lease_seq)
         state.counters["preemptions"] = self.preemptions
         state.counters["stalled_steps"] = self.stalled_steps
+        state.counters.update(self._lease_hooks.counters())
         return state
 
     def lease_audit(self) -> dict[str, float]:
@@ -153,6 +165,7 @@ class LeaseMixin:
     def lease_release_all(self) -> None:
         """End of run: release every lease and pin."""
         self.lease_book.release_all()
+        self._lease_hooks.released_all()
 
     def check_integrity(self) -> None:
         """Every block's ``ref_cnt`` == native holders + lease and pin references, or raise."""
@@ -181,10 +194,25 @@ class LeaseMixin:
         book = self._lease_book
         if book is None:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
+        hooks = self._lease_hooks
+        hooks.before_step()
         book.before_schedule()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
         book.after_schedule(out.num_scheduled_tokens)
+        hooks.after_step(out)
         return out
+
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)  # type: ignore[misc]
+        self._lease_hooks.added(request)
+
+    def _preempt_request(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super()._preempt_request(request, *args, **kwargs)  # type: ignore[misc]
+        self._lease_hooks.preempted(request)
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        self._lease_hooks.freed(request)  # before vLLM: the request is still whole
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def reset_prefix_cache(
         self, reset_running_requests: bool = False, reset_connector: bool = False

@@ -28,6 +28,7 @@ Contract (mini-sglang style: one owner per structure):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -35,7 +36,7 @@ from vllm.v1.core.kv_cache_utils import BlockHash, BlockHashWithGroupId, KVCache
 
 from ladsd.engine import budget as bud
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
-from ladsd.engine.resident import Hasher, flatten, lookup_hit, make_hasher, prefix_hashes
+from ladsd.engine.lease_resident import Hasher, flatten, lookup_hit, make_hasher, prefix_hashes
 from ladsd.records import ContinuationId, HistoryNotice, InventoryItem, Phase, SenderInventory
 
 Turn = tuple[str, int]  # (workflow, turn)
@@ -44,6 +45,16 @@ View = list[tuple["Pending", bud.Candidate]]
 
 def turn_of(cid: ContinuationId) -> Turn:
     return (cid.workflow, cid.turn)
+
+
+def check_notice(n: HistoryNotice) -> None:
+    """Raise ValueError for a notice no candidate can come from (before any state changes)."""
+    if n.payload_bytes < 0:
+        raise ValueError(f"{n.cid.key()}: negative payload_bytes {n.payload_bytes}")
+    if n.continuation_p is not None and not 0.0 <= n.continuation_p <= 1.0:
+        raise ValueError(f"{n.cid.key()}: continuation_p {n.continuation_p} not in [0, 1]")
+    if n.lifetime_s is not None and not 0.0 < n.lifetime_s < math.inf:
+        raise ValueError(f"{n.cid.key()}: lifetime_s {n.lifetime_s} must be positive, finite")
 
 
 @dataclass
@@ -261,6 +272,18 @@ class Candidates:
             "latest": len(self.latest),
             "phases": len(self.phases),
         }
+
+    def check_live(self, held: Iterable[ContinuationId]) -> None:
+        """Raise unless ``latest`` is exactly one version per turn of the live continuations.
+
+        ``held``: the continuations a lease or a pin holds (the book's join).
+        """
+        live: dict[Turn, int] = {}
+        for cid in {*self.pending, *held}:
+            if live.setdefault(turn_of(cid), cid.version) != cid.version:
+                raise LeaseIntegrityError(f"two versions of {cid.key()}'s turn are live")
+        if live != self.latest:
+            raise LeaseIntegrityError("turn versions disagree with the live continuations")
 
     def check_integrity(self) -> None:
         """Raise :class:`LeaseIntegrityError` unless the candidates are consistent."""

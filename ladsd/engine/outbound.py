@@ -1,0 +1,110 @@
+"""Records from the engine thread to the asyncio side, and the one sink they go through.
+
+Contract:
+
+* Everything the engine thread tells the asyncio side is one of the frozen
+  records of :data:`Record`, put through :class:`Sink` (one
+  ``call_soon_threadsafe`` path, so records arrive in the order they were put)
+  and handled in one place: :meth:`ladsd.engine.client.EngineClient._on_record`.
+* :class:`Published` and :class:`Reply` carry the engine thread's
+  :class:`Counters`: the asyncio side reads counters from records only, never
+  from the engine thread's fields.
+* ``State`` is a barrier: its :class:`Published` is put before its
+  :class:`Reply` (the seq), so the state, and every lease event in it, has
+  reached every subscriber when the reply does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ladsd.clock import Stamps
+from ladsd.records import EngineState
+
+log = logging.getLogger("ladsd.engine")
+
+
+class EngineError(RuntimeError):
+    """The engine rejected a request or failed while running it."""
+
+
+class EngineDead(EngineError):
+    """The engine thread stopped after an error; it refuses all work."""
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Engine-thread counters, as of the record that carries them (cumulative)."""
+
+    command_cpu_s: float = 0.0  # engine-thread CPU in lease commands, queries and ticks
+    inventory_bytes: int = 0  # inventories that crossed (after coalescing)
+
+
+@dataclass(frozen=True)
+class Published:
+    """A lease state, published in engine order."""
+
+    state: EngineState
+    counters: Counters
+
+
+@dataclass(frozen=True)
+class Output:
+    """A request's newest cumulative output (vLLM ``RequestOutput``)."""
+
+    rid: str
+    out: Any
+
+
+@dataclass(frozen=True)
+class Done:
+    """A request's final output and its engine-side stamps a, n, f."""
+
+    rid: str
+    out: Any  # vllm RequestOutput
+    stamps: Stamps
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A request was rejected, or failed with the engine (its stream's last item)."""
+
+    rid: str
+    error: EngineError
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to a command that has one: ``value`` (an exception: raised there)."""
+
+    fut: asyncio.Future
+    value: object
+    counters: Counters
+
+
+@dataclass(frozen=True)
+class Dead:
+    """The engine died: every stream still open fails with ``error``."""
+
+    error: EngineDead
+
+
+Record = Published | Output | Done | Failed | Reply | Dead
+
+
+class Sink:
+    """The engine thread's one way out: ``put`` hands a record to the loop, in order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_record: Callable[[Record], None]):
+        self._loop = loop
+        self._on_record = on_record
+
+    def put(self, record: Record) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._on_record, record)
+        except RuntimeError:  # the loop closed: a start given up while the engine loaded
+            log.debug("event loop closed; dropped %s", type(record).__name__)
