@@ -614,14 +614,7 @@ def ratios(runs: list[dict[str, Any]], key: str, base: str, pair: tuple[str, str
                 out.setdefault(f"{name}/{base}", []).append(v / c[base])
         if pair[0] in c and pair[1] in c:
             out.setdefault(f"{pair[1]}/{pair[0]} (A/A)", []).append(c[pair[1]] / c[pair[0]])
-    t = Table(title=f"{key}: ratios per seed and repeat")
-    t.add_column("ratio")
-    t.add_column("values")
-    t.add_column("mean", justify="right")
-    for k, v in out.items():
-        t.add_row(k, " ".join(f"{x:.3f}" for x in v), f"{statistics.mean(v):.3f}")
-    console.print(t)
-    return out
+    return show(out, f"{key}: ratios per seed and repeat")
 
 
 def vs_one(runs: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
@@ -636,7 +629,12 @@ def vs_one(runs: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
             one = c.get(SERVERS[name].flags[1]) if SERVERS[name].kind == "cluster" else None
             if one:
                 out.setdefault(f"{name}/{SERVERS[name].flags[1]}", []).append(v / one)
-    t = Table(title=f"{key}: 2 replicas over 1 at the same total pool")
+    return show(out, f"{key}: 2 replicas over 1 at the same total pool")
+
+
+def show(out: dict[str, list[float]], title: str) -> dict[str, list[float]]:
+    """Print ratio lists as a table (each ratio's values and mean); return them."""
+    t = Table(title=title)
     t.add_column("ratio")
     t.add_column("values")
     t.add_column("mean", justify="right")
