@@ -235,7 +235,7 @@ def assistant(reply: dict[str, Any], k: int) -> dict[str, Any]:
 
 
 async def one_session(
-    client: Any, model: str, s: wl.Session, words: list[str], tag: str, intent: bool, t0: float
+    client: Any, model: str, s: wl.SessionSpec, words: list[str], tag: str, intent: bool, t0: float
 ) -> dict[str, Any]:
     await asyncio.sleep(max(0.0, t0 + s.arrival - time.monotonic()))
     start = time.monotonic()

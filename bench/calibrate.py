@@ -40,7 +40,7 @@ from ladsd.config import FRAME_OVERHEAD, PROFILES, Profile, kappa_ref  # noqa: E
 from ladsd.engine import cpu  # noqa: E402
 from ladsd.engine.params import forced  # noqa: E402
 from ladsd.engine.thread import EngineThread  # noqa: E402
-from ladsd.runtime import engine_for  # noqa: E402
+from ladsd.sizing import engine_for  # noqa: E402
 from ladsd.workloads import controlled  # noqa: E402
 from ladsd.workloads.runner import tool_message  # noqa: E402
 from ladsd.workloads.spec import Workload  # noqa: E402

@@ -90,7 +90,7 @@ def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
 
     cid = ContinuationId("bench", 1)
     n = HistoryNotice(cid, tuple(hist), "p", "d", 0.0, 100)
-    from ladsd.engine.lease_candidates import Pending
+    from ladsd.engine.lease_candidates import LeaseCandidate
     from ladsd.records import LeaseStatus
 
     def book_pair() -> None:
@@ -99,7 +99,7 @@ def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
         )
         book.table.release(lease, LeaseStatus.CANCELLED, 0.0)
 
-    pend_view = Pending(n, hashes)
+    pend_view = LeaseCandidate(n, hashes)
     book.cands.resident(pend_view)  # first lookup, then cached checks
 
     def recheck() -> None:

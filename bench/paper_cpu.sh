@@ -46,8 +46,9 @@ while [ $# -gt 0 ]; do
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
-# The earlier 1/8-scale runs had the eight policies; lads-denial (an ablation) came later.
-[ -n "$POLICIES" ] || { [ "$PROFILE" = cpu-eighth ] && POLICIES=$EIGHT || POLICIES=$EIGHT,lads-denial; }
+# The earlier 1/8-scale runs had the eight policies; lads-denial (an ablation) and
+# lads-adaptive (the paper's LADS with three rules of ours) came later.
+[ -n "$POLICIES" ] || { [ "$PROFILE" = cpu-eighth ] && POLICIES=$EIGHT || POLICIES=$EIGHT,lads-denial,lads-adaptive; }
 compare() {  # name workload default-seeds [extra args]
   local name=$1 wl=$2 seeds=${SEEDS:-$3}; shift 3
   [ -z "$ONLY" ] || [ "$ONLY" = "$name" ] || return 0

@@ -26,7 +26,7 @@ One daemon per policy (``ladsd serve --policy lads`` and ``--policy fifo``,
 same profile and flags), each a subprocess on a free loopback port, run from
 a ``git archive`` of HEAD (``--no-pin``: the working tree); the order rotates
 every repeat, so drift on a shared machine hits both alike. The KV
-pool and ``H`` follow the replay's rule (ladsd/workloads/sizing.py: 11.53 mean
+pool and ``H`` follow the replay's rule (ladsd/sizing.py: 11.53 mean
 final histories per pool, ``H`` 16.6 % of it) unless ``--pool profile``.
 Reported per run: mean turn latency (request sent -> reply read), continuation
 turns and all turns, cached prompt tokens, workflow latency, makespan, lease
@@ -547,7 +547,7 @@ def pool_flags(trace: tr.Trace, profile: str) -> list[str]:
     """``--kv-blocks`` / ``--headroom-blocks`` by the replay's rule for these workflows
     (recorded final histories: last prompt + last output)."""
     from ladsd.config import PROFILES
-    from ladsd.workloads.sizing import pool_for
+    from ladsd.sizing import pool_for
 
     finals = [len(w.calls[-1].prompt_ids) + len(w.calls[-1].output_ids) for w in trace.workflows]
     block = PROFILES[profile].engine.resolved_block_size()

@@ -22,7 +22,7 @@ from rich.table import Table
 from cli.replay import dtype_option, parse_dtype
 from ladsd import clock, logs
 from ladsd.workloads import trace as tr
-from ladsd.workloads.trace import CallRecord, Trace, WorkflowRecord
+from ladsd.workloads.trace import Trace, TraceCall, TraceWorkflow
 from web_catalog.db import open_catalog
 from web_catalog.tasks import TASKS_PATH, Task
 
@@ -46,7 +46,7 @@ def _group() -> None:
     """Run agent workflows and record their paths as traces (JSONL)."""
 
 
-def _describe(call: CallRecord) -> str:
+def _describe(call: TraceCall) -> str:
     a = call.action
     what = f"{a.name} {a.product_id}" if a.is_tool else a.name
     return f"call {call.turn}: {what}"
@@ -99,10 +99,10 @@ async def _with_progress(backend, tasks, db, cfg, seed, tasks_file, show) -> Tra
     )
     rows = {t.task_id: bar.add_task(t.task_id, total=cfg.step_limit, status="cold") for t in tasks}
 
-    def on_call(wf: str, call: CallRecord) -> None:
+    def on_call(wf: str, call: TraceCall) -> None:
         bar.update(rows[wf], completed=call.turn + 1, status=_describe(call))
 
-    def on_done(w: WorkflowRecord) -> None:
+    def on_done(w: TraceWorkflow) -> None:
         status = w.termination + (f" ({w.error})" if w.error else "")
         bar.update(rows[w.workflow], total=len(w.calls), completed=len(w.calls), status=status)
 

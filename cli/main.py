@@ -205,9 +205,9 @@ def serve(
             raise typer.Exit(e.status) from None
         except Exception as e:  # start-up errors, a failed audit: say what, not a traceback
             raise replay_cmd.fail("", e, log) from None
-        eng = daemon.engine
-        if eng is not None and eng.error is not None:
-            raise replay_cmd.fail("the engine died: ", eng.error, log)
+        rt = daemon.rt
+        if rt is not None and rt.error is not None:
+            raise replay_cmd.fail("the engine died: ", rt.error, log)
         console.print(
             f"stopped: every lease released, audit balanced (references added "
             f"{audit['refs_added']:.0f} = released {audit['refs_released']:.0f})"
@@ -322,10 +322,11 @@ def _serve_profile(
     eng = replace(prof.engine, **{k: v for k, v in given.items() if v is not None})
     leased = {"headroom_blocks": headroom, "lease_lifetime_s": lease_s}
     lease = replace(prof.lease, **{k: v for k, v in leased.items() if v is not None})
-    # The calibration's kappa belongs to the profile's own model: another model gets no
-    # time dilation (else a 30-layer model would slow the link ~12x).
-    ref = prof.kappa_ref_s if eng.model == prof.engine.model else None
-    return replace(prof, engine=eng, lease=lease, kappa_ref_s=ref)
+    # The calibration's kappa belongs to the profile's own model, in either dtype: another
+    # model gets no link dilation (else a 30-layer model would slow the link ~12x).
+    if eng.model != prof.engine.model:
+        prof = replace(prof, kappa_ref_s=None, kappa_ref_float32_s=None)
+    return replace(prof, engine=eng, lease=lease)
 
 
 @model_app.command("prepare")
@@ -341,7 +342,7 @@ def model_prepare(
         console.status("preparing SmolLM2-135M-Instruct ..."),
     ):
         path = models.prepare(force=force)
-        for name, prof in models.PROFILES.items():
+        for name, prof in models.MODEL_PROFILES.items():
             if prof.dummy:
                 models.model_path(name)
     console.print(f"[green]ready[/green]: {path}")
@@ -357,7 +358,7 @@ def model_list() -> None:
     t.add_column("weights")
     for col in ("description", "path"):
         t.add_column(col, overflow="fold")  # long words wrap instead of being cut
-    for name, prof in models.PROFILES.items():
+    for name, prof in models.MODEL_PROFILES.items():
         try:
             path = str(models.model_path(name))
         except models.ModelError as e:

@@ -14,15 +14,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from cli.progress import RunProgress, clock
-from ladsd import logs
+from ladsd import logs, sizing
 from ladsd.config import PROFILES, Profile
 from ladsd.delivery import registry
 from ladsd.engine import cpu
-from ladsd.metrics import events, summary, table
+from ladsd.metrics import comparison, events, grid, peer_compare, summary
 from ladsd.modes import EnginePolicy
 from ladsd.workloads import dilation as dil
 from ladsd.workloads import plan as planning
-from ladsd.workloads import sizing
 from ladsd.workloads.factory import WORKLOADS, make
 
 # Heavy modules (vLLM, torch) are imported inside the commands, after the log
@@ -243,10 +242,10 @@ def check_dilation(rec: events.RunRecord, pd: dil.PassDilation, path: Path) -> N
         )
 
 
-def print_grids(grids: Sequence[table.Grid]) -> None:
+def print_grids(grids: Sequence[grid.Grid]) -> None:
     """Tables laid out for the terminal's width (split or transposed when narrow)."""
     for g in grids:
-        for t in table.rich_tables(g, console.width):
+        for t in grid.rich_tables(g, console.width):
             console.print(t)
 
 
@@ -254,13 +253,13 @@ def write_peers(runs: dict[str, list[events.RunRecord]], out: Path, tag: str) ->
     """With peers among ``runs``: print their tables, write -peers.md and -peers.json."""
     import orjson
 
-    peer = table.peer_comparison(runs)
+    peer = peer_compare.peer_comparison(runs)
     if peer is None:
         return
-    grids = table.peer_grids(peer)
+    grids = peer_compare.peer_grids(peer)
     print_grids(grids)
-    (out / f"{tag}-peers.md").write_text(table.markdown(grids))
-    doc = table.peer_dict(peer)
+    (out / f"{tag}-peers.md").write_text(grid.markdown(grids))
+    doc = peer_compare.peer_dict(peer)
     (out / f"{tag}-peers.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
 
 
@@ -309,7 +308,7 @@ def replay(
                 f"{policy} seed {seed}: mean {s.mean_s:.2f} s, P95 {s.p95_s:.2f} s, "
                 f"makespan {s.makespan_s:.2f} s, audit ok; took {clock(took)}"
             )
-        print_grids([table.run_grid(sums)])
+        print_grids([comparison.run_grid(sums)])
         if json_out:
             json_out.parent.mkdir(parents=True, exist_ok=True)
             json_out.write_bytes(b"[" + b",".join(events.to_json(r) for r in runs) + b"]")
@@ -426,10 +425,10 @@ def compare(
                 f"[yellow]note:[/yellow] {legacy} run file(s) predate configuration records; "
                 "their configuration was not checked"
             )
-        comp = table.compare(runs)
-        grids = [*table.comparison_grids(comp), table.drivers_grid(runs)]
+        comp = comparison.compare(runs)
+        grids = [*comparison.comparison_grids(comp), comparison.drivers_grid(runs)]
         print_grids(grids)
-        (out / f"{tag}-table.md").write_text(table.markdown(grids))
+        (out / f"{tag}-table.md").write_text(grid.markdown(grids))
         write_peers(runs, out, tag)
         from ladsd.metrics import plots
 

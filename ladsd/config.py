@@ -10,6 +10,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ladsd import sizing
+from ladsd.engine.augserve import AugServeConfig  # a leaf: AugServe's pure formulas
+
 FRAME_HEADER_BYTES = 1024
 FRAME_OVERHEAD = 4 + FRAME_HEADER_BYTES  # h = 1028 framing bytes per result
 
@@ -102,6 +105,8 @@ class PeerConfig:
     """
 
     guard_s: float = 10.0  # HEAR's waiting guard W (ours: 10 s; ladsd.delivery.hear.GUARD_S)
+    # AugServe's knobs: its scheduler and its step buffer (ladsd.sizing.engine_for) read these.
+    augserve: AugServeConfig = field(default_factory=AugServeConfig)
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,7 @@ class Profile:
     lease: LeaseConfig
     workload: WorkloadConfig
     notes: str = ""
-    # Size the KV pool and H per workload by the paper's ratios (ladsd.workloads.sizing).
+    # Size the KV pool and H per workload by the paper's ratios (ladsd.sizing).
     pool_rule: bool = False
     # Calibration's kappa (s) in bfloat16, and in float32 (the dtype of a CPU without
     # native bf16): a pass divides the link rate by kappa / the reference of the dtype
@@ -143,11 +148,11 @@ PROFILES: dict[str, Profile] = {
         engine=EngineConfig(
             model="qwen2.5-7b-shape",
             max_model_len=32768,
-            block_size=16,
-            num_gpu_blocks_override=197040 // 16,  # KV pool of 197,040 tokens
+            block_size=sizing.PAPER_BLOCK_SIZE,
+            num_gpu_blocks_override=sizing.PAPER_BLOCKS,  # KV pool of 197,040 tokens
         ),
         link=LinkConfig(rate_bytes_per_s=4000.0),
-        lease=LeaseConfig(headroom_blocks=2048, lease_lifetime_s=8.0),
+        lease=LeaseConfig(headroom_blocks=sizing.PAPER_HEADROOM, lease_lifetime_s=8.0),
         workload=PAPER_WORKLOAD,
         notes="Paper scale (spec 5): Qwen2.5-7B shape, dummy weights; one NVIDIA GPU.",
     ),
@@ -160,7 +165,7 @@ PROFILES: dict[str, Profile] = {
             num_gpu_blocks_override=2300,  # replaced per workload by the pool rule
         ),
         link=LinkConfig(rate_bytes_per_s=4000.0),
-        lease=LeaseConfig(headroom_blocks=382, lease_lifetime_s=8.0),
+        lease=LeaseConfig(headroom_blocks=sizing.headroom_for(2300), lease_lifetime_s=8.0),
         workload=WorkloadConfig(
             history_tokens=(2048, 3072, 5120, 5632),
             context_tokens=8192,

@@ -16,6 +16,14 @@ class Retention(StrEnum):
     NONE = "none"  # no protection: vLLM's own LRU eviction
     TTL_PIN = "ttl-pin"  # hard pin at readiness for the predicted wait, capped at l
     SESSION = "session"  # HEAR: eviction order by r = p * exp(-idle / 400 s), no references
+    # (ours, lads-adaptive) LADS leases, and SESSION's free-queue order for the
+    # waiting histories no lease holds (a leased block is never free): no budget cost
+    LADS_SESSION = "lads+session"
+
+    @property
+    def orders_free_queue(self) -> bool:
+        """Does this retention impose HEAR's session order on vLLM's free queue?"""
+        return self in (Retention.SESSION, Retention.LADS_SESSION)
 
 
 class EnginePolicy(StrEnum):

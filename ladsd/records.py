@@ -214,12 +214,28 @@ class DenialEvent:
 
 
 @dataclass(frozen=True)
+class RefusalEvent:
+    """A candidate refused because its grant would leave fewer than H blocks free (ours).
+
+    Published like :class:`DenialEvent` (this generation's, once per identity), so
+    the sender can tell a headroom regime from a budget one: a handoff returns
+    quota (``U``) but frees no block (``F``), so it cannot help these.
+    """
+
+    cid: ContinuationId
+    time: float
+    generation: int
+    free: int  # F at the refusal
+    taken: int  # free blocks the grant and the pending allocation would take
+
+
+@dataclass(frozen=True)
 class EngineState:
     """Snapshot published from the engine thread (spec 3.4).
 
     ``resident`` maps each announced pending continuation to ``|P_i|`` (0 =
     cold); ``leases`` holds the active leases; ``denials`` the denial events
-    of the current generation.
+    of the current generation, ``refusals`` its headroom refusals (ours).
     """
 
     time: float
@@ -240,6 +256,7 @@ class EngineState:
     resident: tuple[tuple[ContinuationId, int], ...] = ()
     counters: dict[str, float] = field(default_factory=dict, compare=False, hash=False)
     events: tuple[LeaseEvent, ...] = ()  # lease outcomes since the previous publication
+    refusals: tuple[RefusalEvent, ...] = ()  # headroom refusals of the current generation
 
     def lease_for(self, cid: ContinuationId) -> LeaseRecord | None:
         for rec in self.leases:

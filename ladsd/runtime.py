@@ -1,4 +1,5 @@
-"""One run's wiring: engine thread + lease provider + return link + delivery policy.
+"""One run's loop over engine thread + lease provider + return link + delivery policy
+(opened, and wired, by :func:`ladsd.wiring.open_runtime`).
 
 The loop of architecture.md, in code: a tool result is ready (r) -> the
 engine-side lease provider sees its history first (``lease_notice``) -> the
@@ -14,12 +15,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
 from array import array
 from asyncio import FIRST_COMPLETED
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,21 +26,16 @@ import orjson
 
 from ladsd import clock
 from ladsd.clock import Stamps
-from ladsd.config import LeaseConfig, LinkConfig, Profile
+from ladsd.config import LeaseConfig, LinkConfig
 from ladsd.continuation import ContinuationEstimate
-from ladsd.delivery import make_policy
 from ladsd.delivery.policy import Policy
-from ladsd.delivery.registry import delivery_class, unbounded_pool
-from ladsd.engine.augserve import AugServeConfig
 from ladsd.engine.thread import (
     Completion,
     EngineDead,
     EngineThread,
     PoolSnapshot,
     Prompt,
-    Upkeep,
 )
-from ladsd.modes import EnginePolicy
 from ladsd.records import ContinuationId, EngineState, HistoryNotice, SenderInventory
 from ladsd.transport.link import Delivery, Receiver, Rejected, Sender, prepare
 
@@ -131,7 +125,7 @@ class Runtime:
         self.timeline = Timeline(limit=timeline_samples)
         self.state_bytes = 0  # engine states received (loop thread)
         self.audit: dict[str, float] | None = None
-        self.dilation = 1.0  # link rate = profile rate / dilation (see dilation())
+        self.dilation = 1.0  # link rate = profile rate / dilation (open_runtime sets it)
         self._waiting: dict[ContinuationId, _Waiting] = {}
         self._batch: list[tuple[HistoryNotice, Any, asyncio.Future]] = []
         self._tasks: set[asyncio.Task] = set()
@@ -382,94 +376,3 @@ class Runtime:
 
     def controller_cpu_s(self) -> float:
         return self.sender.decision_s + self.engine.command_cpu_s
-
-
-def engine_for(
-    profile: Profile, policy: str, engine_policy: EnginePolicy = EnginePolicy.VLLM
-) -> Profile:
-    """The profile a run uses.
-
-    * an unbounded-pool name of the registry (``infinite-cache``) gets a pool nothing
-      outgrows;
-    * the AugServe engine policy gets a step buffer its token budget can fill:
-      ``max_num_batched_tokens >= beta_high * T_max`` (1,024; vLLM's own
-      scheduler keeps the profile's fixed 512).
-    """
-    eng = profile.engine
-    if EnginePolicy(engine_policy) is EnginePolicy.AUGSERVE:
-        aug = AugServeConfig()
-        step = max(eng.max_num_batched_tokens, math.floor(aug.beta_high * aug.t_max))
-        eng = replace(eng, max_num_batched_tokens=step)
-    if unbounded_pool(policy):
-        w = profile.workload
-        need = sum(w.history_tokens) * w.n_workflows  # generous: every history at the largest
-        eng = replace(eng, num_gpu_blocks_override=need // eng.resolved_block_size() * 2)
-    return profile if eng == profile.engine else replace(profile, engine=eng)
-
-
-def dilation(profile: Profile, kappa: float) -> float:
-    """How much slower this engine is than at calibration (1.0 without a reference).
-
-    The link rate is divided by it, so the link/engine time ratio stays the
-    calibrated one on a machine twice as fast or twice as slow.
-    """
-    if profile.kappa_ref_s is None or kappa <= 0:
-        return 1.0
-    return kappa / profile.kappa_ref_s
-
-
-def policy_for(profile: Profile, name: str) -> Policy:
-    """The delivery policy ``name`` with the profile's knobs.
-
-    Lease knobs (theta, record age) and the peers' (HEAR's guard W); each policy
-    takes the ones it uses. ``infinite-cache`` is FIFO delivery on a pool
-    nothing outgrows (:func:`engine_for`).
-    """
-    return make_policy(
-        delivery_class(name),
-        theta=profile.lease.theta,
-        max_age_s=profile.lease.record_max_age_s,
-        guard_s=profile.peers.guard_s,
-    )
-
-
-@asynccontextmanager
-async def open_runtime(
-    profile: Profile,
-    policy: str,
-    *,
-    link: LinkConfig | None = None,
-    engine_policy: EnginePolicy = EnginePolicy.VLLM,
-    upkeep: Upkeep = Upkeep(),
-) -> AsyncIterator[Runtime]:
-    """The one wiring: policy -> lease config -> engine -> runtime -> audit -> close.
-
-    Yields a started :class:`Runtime`. On the way out the lease audit always
-    runs (after a failure too: a dead engine reports the audit it took when it
-    died); an unbalanced audit raises ``LeaseIntegrityError``. The replay
-    runner, capture's link backend and the daemon use this and nothing else;
-    the daemon passes its :class:`~ladsd.engine.thread.Upkeep` (cached kappa,
-    quiet idle, a bounded timeline), replays the default.
-    """
-    prof = engine_for(profile, policy, engine_policy)
-    pol = policy_for(prof, policy)
-    lease = replace(prof.lease, enabled=prof.lease.enabled and pol.uses_leases)
-    async with EngineThread(
-        prof.engine, lease, retention=pol.retention, engine_policy=engine_policy, upkeep=upkeep
-    ) as eng:
-        d = dilation(prof, eng.kappa)
-        link = link or prof.link
-        link = replace(link, rate_bytes_per_s=link.rate_bytes_per_s / d)
-        rt = await Runtime(eng, pol, link, timeline_samples=upkeep.timeline_samples).start()
-        rt.dilation = d
-        try:
-            yield rt
-            await rt.finish()
-        except BaseException:
-            try:
-                await rt.finish()
-            except Exception:
-                log.exception("lease audit after a failed run")
-            raise
-        finally:
-            await rt.close()

@@ -10,17 +10,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-@pytest.fixture(scope="session")
-def model_ready() -> None:
-    """Fail (not skip) with the command to run when the model is missing."""
-    from ladsd.engine import models
-
-    try:
-        models.model_path("smollm2-135m")
-    except models.ModelError as e:
-        pytest.fail(f"{e} (the README install command prepares it)")
-
-
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
     """The catalog built from ../shared/data into a temporary SQLite file (read-only use)."""

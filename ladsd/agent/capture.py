@@ -19,12 +19,12 @@ from typing import Any
 from ladsd import clock
 from ladsd.agent.backend import Backend
 from ladsd.agent.loop import AgentConfig, OnCall, run_workflow
-from ladsd.workloads.trace import Trace, TraceHeader, WorkflowRecord
+from ladsd.workloads.trace import Trace, TraceHeader, TraceWorkflow
 from web_catalog.db import Catalog
 from web_catalog.source import sha256_file
 from web_catalog.tasks import TASKS_PATH, Task
 
-OnDone = Callable[[WorkflowRecord], None]
+OnDone = Callable[[TraceWorkflow], None]
 
 
 def tokenizer_sha256(tokenizer: Any) -> str:
@@ -86,7 +86,7 @@ async def capture(
         raise ValueError("task ids must be unique (they name the workflows)")
     origin = clock.now()
 
-    async def one(task: Task) -> WorkflowRecord:
+    async def one(task: Task) -> TraceWorkflow:
         rec = await run_workflow(task, backend, db, cfg, seed=seed, origin=origin, on_call=on_call)
         if on_done is not None:
             on_done(rec)
@@ -110,7 +110,7 @@ class WorkflowSummary:
     seconds: float
 
 
-def summarize(w: WorkflowRecord) -> WorkflowSummary:
+def summarize(w: TraceWorkflow) -> WorkflowSummary:
     tools: Counter[str] = Counter()
     opened: set[int] = set()
     read: set[int] = set()

@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from ladsd import sizing
 from ladsd.agent.backend import Render
 from ladsd.config import EngineConfig, LeaseConfig, LinkConfig, Profile, WorkloadConfig
 from ladsd.records import ContinuationId
-from ladsd.runtime import CallOutcome, Runtime, open_runtime
+from ladsd.runtime import CallOutcome, Runtime
+from ladsd.wiring import open_runtime
 from ladsd.workloads.captured import CAPTURED_CODEC, CAPTURED_RATE
 
 # Capture's return path: the captured-replay link (gzip6 at 48 kbit/s).
@@ -63,5 +65,5 @@ async def link_backend(
         lease=lease or LeaseConfig(),
         workload=WorkloadConfig(),
     )
-    async with open_runtime(prof, policy) as rt:
+    async with open_runtime(sizing.for_run(prof, policy), policy) as rt:
         yield LinkBackend(rt, policy)

@@ -24,15 +24,15 @@ from ladsd.engine.params import sampling
 from ladsd.records import ContinuationId
 from ladsd.workloads.trace import (
     Action,
-    CallRecord,
     Observation,
-    WorkflowRecord,
+    TraceCall,
+    TraceWorkflow,
 )
 from web_catalog.db import Catalog
 from web_catalog.tasks import Task
 from web_catalog.tools import call_tool
 
-OnCall = Callable[[str, CallRecord], None]
+OnCall = Callable[[str, TraceCall], None]
 
 
 class AgentError(RuntimeError):
@@ -89,7 +89,7 @@ async def run_workflow(
     origin: float | None = None,
     workflow: str | None = None,
     on_call: OnCall | None = None,
-) -> WorkflowRecord:
+) -> TraceWorkflow:
     """Run ``task`` to its end and return its record (times relative to ``origin``,
     default the workflow's arrival). A failing model call ends the workflow
     with termination ``error``; what ran before it is kept."""
@@ -106,7 +106,7 @@ async def run_workflow(
     obs: Observation | None = None
     render = chat.renderer(history)
     r: float | None = None
-    calls: list[CallRecord] = []
+    calls: list[TraceCall] = []
     termination, answer, error = "step_limit", None, None
 
     for turn in range(cfg.step_limit):
@@ -136,7 +136,7 @@ async def run_workflow(
         action = actions.parse_action(out.text, offered)
         st = reply.stamps if reply.stamps.r is not None else replace(reply.stamps, r=r)
         times = st.shift(origin)
-        call = CallRecord(
+        call = TraceCall(
             turn=turn,
             depends_on=None if turn == 0 else turn - 1,
             observation=obs,
@@ -167,7 +167,7 @@ async def run_workflow(
             termination = "context_limit"
             break
 
-    return WorkflowRecord(
+    return TraceWorkflow(
         workflow=wf,
         task_id=task.task_id,
         product_ids=pids,

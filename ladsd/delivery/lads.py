@@ -20,13 +20,25 @@ nothing, counters included.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ladsd.delivery.base import BasePolicy, Previews, StateIndex, need
 from ladsd.delivery.cache_first import cache_first, cache_key
 from ladsd.delivery.policy import Pending, SenderView
-from ladsd.records import EngineState, LeaseRecord, LeaseStatus, RecordInvalid, check_record
+from ladsd.records import (
+    ContinuationId,
+    EngineState,
+    LeaseRecord,
+    LeaseStatus,
+    RecordInvalid,
+    check_record,
+)
+
+# The base order: the pending item the sender would commit with no override.
+BaseOrder = Callable[[Sequence[Pending], Mapping[ContinuationId, int]], Pending]
+# The override condition on an accepted state at ``now``.
+Active = Callable[[EngineState, float], bool]
 
 # Why a decision came out as it did (counted at commit).
 OFF = "off"  # override disabled (turnover-off)
@@ -131,9 +143,15 @@ def decide(
     override: bool,
     after_promotion: bool,
     denial_only: bool = False,
+    base_order: BaseOrder = cache_first,
+    active: Active | None = None,
 ) -> Decision:
-    """One LADS decision as a pure function of its inputs."""
-    base = cache_first(pending, ix.resident)
+    """One LADS decision as a pure function of its inputs.
+
+    ``base_order`` and ``active`` replace Cache-first and :func:`override_active`
+    (``lads-adaptive``, ours); by default this is the spec's LADS.
+    """
+    base = base_order(pending, ix.resident)
     if not override:
         return Decision(base, base, OFF)
     if after_promotion:
@@ -144,7 +162,12 @@ def decide(
     bad = first_invalid(pending, ix, view, now, max_age_s)
     if bad is not None:
         return Decision(base, base, FALLBACK, bad)
-    if not override_active(state, now, theta, max_age_s, denial_only=denial_only):
+    on = (
+        override_active(state, now, theta, max_age_s, denial_only=denial_only)
+        if active is None
+        else active(state, now)
+    )
+    if not on:
         return Decision(base, base, INACTIVE)
     protected = {c for c, r in ix.lease_by_cid.items() if r.status is LeaseStatus.GRANTED}
     # Someone must be able to use the returned quota: an unprotected resident history.
@@ -205,7 +228,17 @@ class Lads(Previews, BasePolicy):
             override=self.override,
             after_promotion=self.after_promotion,
             denial_only=self.denial_only,
+            base_order=self.base_order(view),
+            active=self.override_rule(),
         )
+
+    def base_order(self, view: SenderView) -> BaseOrder:
+        """The order the override departs from: Cache-first (a subclass may refine it)."""
+        return cache_first
+
+    def override_rule(self) -> Active | None:
+        """None: the spec's condition (:func:`override_active`); a subclass may replace it."""
+        return None
 
     def on_commit(self, item: Pending, now: float) -> None:
         super().on_commit(item, now)

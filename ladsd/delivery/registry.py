@@ -18,6 +18,7 @@ from ladsd.delivery.cache_first import CacheFirst, CacheFirstNoLeases
 from ladsd.delivery.fifo import Fifo
 from ladsd.delivery.hear import HearCacheAware, HearGuard, HearSession
 from ladsd.delivery.lads import Lads, LadsDenial, TurnoverOff
+from ladsd.delivery.lads_adaptive import LadsAdaptive
 from ladsd.delivery.size_first import SizeFirst
 from ladsd.delivery.tail_release import TailRelease
 from ladsd.delivery.ttl_pin import TtlPin
@@ -69,6 +70,9 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("turnover-off", "Turnover-off", A, TurnoverOff, paper=True),
     Entry("lads", "LADS", Group.OURS, Lads, paper=True, core=True),
     Entry("lads-denial", "LADS, override on denial only", A, LadsDenial),
+    # issue 23: the paper's LADS plus three rules (ours); after ``lads``, so the
+    # candidate stays the spec's mechanism; core: its repeats give its pairs' A/A floor
+    Entry("lads-adaptive", "LADS adaptive", Group.OURS, LadsAdaptive, core=True),
     Entry(
         "infinite-cache", "Infinite cache (reference)", Group.LIMIT, Fifo,
         paper=True, core=True, unbounded_pool=True,
@@ -114,8 +118,8 @@ def label(name: str) -> str:
 def ordered(names: Iterable[str]) -> list[str]:
     """Run names in table order: the eight, then the peers, then any others alphabetically.
 
-    ``lads-denial`` (a later ablation) is among the others, so committed tables keep
-    their row order.
+    ``lads-denial`` (a later ablation) and ``lads-adaptive`` (issue 23) are among the
+    others, so committed tables keep their row order.
     """
     p = set(names)
     known = (*PAPER, *PEERS)

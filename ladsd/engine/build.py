@@ -68,7 +68,7 @@ def build(
 
     from ladsd.engine.schedulers import scheduler_class
 
-    prof = models.PROFILES.get(cfg.model)
+    prof = models.MODEL_PROFILES.get(cfg.model)
     if prof is None:
         raise models.ModelError(f"unknown model profile {cfg.model!r}")
     path = models.model_path(cfg.model)

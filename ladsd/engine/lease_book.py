@@ -11,30 +11,32 @@ Contract (mini-sglang's scheduler composing its managers; read this first):
   grants, revocation, refusals, denials);
   :class:`~ladsd.engine.lease_publish.Publication` (counters, events,
   records); :class:`~ladsd.engine.lease_pins.PinRules` (what is pinned);
-  :class:`~ladsd.engine.lease_sessions.Sessions` (HEAR's free-queue order).
-  The book owns the rules that join them: maintenance, pins versus leases,
-  settling, the published state. Only the book calls the parts; a part calls
-  back only through what the book gave it (``ended``, ``view``).
+  :class:`~ladsd.engine.lease_sessions.Sessions` (HEAR's free-queue order);
+  :class:`~ladsd.engine.lease_ends.Ends` (no state: maintenance and what each
+  end does to the parts: expire, revoke, supersede, cancel, forget, settle).
+  The book owns the rules that join the rest: notices, pins versus leases,
+  binds, handoff, the published state. Only the book calls the parts; a part
+  calls back only through what the book gave it (``ended``, ``view``).
 * Thread: engine thread only, between scheduler steps; nothing locks (vLLM's
   scheduler owns the book: :class:`~ladsd.engine.sched_leases.LeaseMixin`).
 * Lock/unlock: only through the holds (one reference per real block of the
   whole ``P_i``, given back exactly once). Every end goes through
-  ``Holds.release``, which unbinds, counts and calls :meth:`_ended`.
-* Every public operation starts with :meth:`maintain`: stripped blocks leave
-  their holds, holds at their deadline expire, leases are revoked while
-  fewer than ``H`` blocks are free, candidates never listed within ``l`` are
-  dropped. An idle engine does not call ``schedule()``: the tick and the
-  lease operations keep expiry on time.
+  ``Holds.release``, which unbinds, counts and calls ``Ends.ended``.
+* Every public operation starts with :meth:`maintain` (``Ends.maintain``:
+  strip, expire, revoke while fewer than ``H`` are free, drop the unlisted).
+  An idle engine does not call ``schedule()``: the tick and the lease
+  operations keep expiry on time.
 * Handoff: after ``schedule()``, for a bound request with positive scheduled
   tokens whose block table holds every protected block's hash at its position.
 * Memory: a continuation is live while it is a candidate, leased or pinned;
-  once none holds, the book keeps nothing about it (:meth:`_settle`), so every
+  once none holds, the book keeps nothing about it (``Ends.settle``), so every
   structure is bounded by the live continuations and the sender's inventory.
   A notice for a settled identity is a new candidate with a new ``g_i``.
 * Retention other than LADS (:mod:`ladsd.modes`): TTL_PIN pins every notice
   at readiness, :meth:`preserve` pins for AugServe, SESSION reorders the free
-  queue (no references). A pinned candidate gets no LADS grant; pinning a
-  leased one ends its lease (``leases_to_pins``) once the pin holds the blocks.
+  queue (no references); LADS_SESSION (ours) is LADS plus SESSION's order.
+  A pinned candidate gets no LADS grant; pinning a leased one ends its lease
+  (``leases_to_pins``) once the pin holds the blocks.
 * Audit: ``ref_cnt == native holders + lease and pin references`` per block
   and the parts agree (:meth:`check`); added == released + held references,
   per kind and in total (:meth:`audit`).
@@ -52,6 +54,7 @@ from ladsd.clock import Clock
 from ladsd.config import LeaseConfig
 from ladsd.engine import budget as bud
 from ladsd.engine.lease_candidates import Candidates, View, check_notice
+from ladsd.engine.lease_ends import Ends
 from ladsd.engine.lease_grants import Grants, Load, Waiting
 from ladsd.engine.lease_holds import LEASES, PINS, Holds
 from ladsd.engine.lease_pins import PinRules
@@ -121,8 +124,11 @@ class LeaseBook:
         self.grants = Grants(
             cfg, self.cands, self.leases, self.pub, view=self._view, load=load, waiting=waiting
         )
-        self._end_mark: tuple[int, int] | None = None  # (grants, pins) at release_all
-        if self.retention is Retention.SESSION:
+        self.ends = Ends(
+            self.cands, self.leases, self.pins, self.sessions, self.grants, self.pub, clock,
+            self._engine_delay,
+        )
+        if self.retention.orders_free_queue:
             pool.stamp_frees(clock)  # idle: when a session's blocks became free
 
     # -- the parts' state, as callers and tests read it ------------------------
@@ -168,7 +174,7 @@ class LeaseBook:
         check_notice(n)
         now = self.clock()
         self.maintain(now)
-        if not self._supersede(n.cid):
+        if not self.ends.supersede(n.cid):
             self.counters["stale_notices"] += 1
             return
         if n.cid in self.cands.pending or n.cid in self.leases:
@@ -180,8 +186,9 @@ class LeaseBook:
         p = self.cands.announce(n)
         if self.retention is Retention.TTL_PIN:
             self.pinning.at_readiness(p, now, self._engine_delay(), self.grants.generation)
-        elif self.retention is Retention.SESSION and self.cands.resident(p):
-            # HEAR: the session waits with its resident P_i in the eviction order.
+        elif self.retention.orders_free_queue and self.cands.resident(p):
+            # HEAR: the session waits with its resident P_i in the eviction order
+            # (LADS_SESSION too: the order acts only on blocks no lease holds).
             prob = P_PRIOR if n.continuation_p is None else n.continuation_p
             self.sessions.enter(p.cid, prob, p.resident, now)
             self.counters["sessions"] += 1
@@ -235,15 +242,15 @@ class LeaseBook:
         seen_before = self.cands.listed()
         fresh = self.cands.observe(inv)
         for it in inv.items:
-            self._supersede(it.cid)
+            self.ends.supersede(it.cid)
             if it.phase is Phase.CANCELLED:
-                self._cancel(it.cid, "cancellations")
+                self.ends.cancel(it.cid, "cancellations")
             elif it.phase is Phase.RECEIVED:
-                self._forget(it.cid)
+                self.ends.forget(it.cid)
             else:
                 fresh |= self.cands.mark(it)
         for cid in seen_before - self.cands.phases.keys():  # received (a lease stays)
-            self._forget(cid)
+            self.ends.forget(cid)
         view = self._view(now)
         if fresh:  # first real offer of a result to the sender
             self.grants.evaluate(view)
@@ -253,7 +260,7 @@ class LeaseBook:
         """``cid`` was registered with the engine as ``req_id``: the handoff target."""
         self.maintain(self.clock())
         self.sessions.bind(cid, req_id)  # first: a bound session outlives its candidate
-        self._forget(cid)
+        self.ends.forget(cid)
         self.leases.bind(cid, req_id)  # any request of it whose table covers it takes over
         self.pins.bind(cid, req_id)
         self.grants.refill(self.clock())
@@ -262,7 +269,7 @@ class LeaseBook:
         """Workflow cancelled: drop the lease and the candidate (idempotent)."""
         now = self.clock()
         self.maintain(now)
-        self._cancel(cid, "cancellations")
+        self.ends.cancel(cid, "cancellations")
         self.grants.refill(now)
 
     def tick(self) -> None:
@@ -286,7 +293,7 @@ class LeaseBook:
         now = self.clock()
         self.maintain(now)
         self.grants.refill(now)
-        if self.retention is Retention.SESSION and self.sessions.reorder(now):
+        if self.retention.orders_free_queue and self.sessions.reorder(now):
             self.counters["session_reorders"] += 1
 
     def after_schedule(self, num_scheduled_tokens: dict[str, int]) -> None:
@@ -304,38 +311,17 @@ class LeaseBook:
 
     def drop_all(self, counter: str) -> None:
         """Release every lease and pin (prefix-cache reset, end of run)."""
-        now = self.clock()
-        self._strip(now)
-        self.leases.drop(counter, now)
-        self.pins.drop(counter, now)
+        self.ends.drop_all(counter)
 
     def release_all(self) -> None:
         """End of run: release every lease and pin and forget all candidates."""
-        self.drop_all("released_at_end")
-        self.cands.clear()
-        self.leases.bound.clear()
-        self.sessions.clear()
-        self.grants.clear()
-        self._end_mark = (self.counters["grants"], self.counters["pins"])
+        self.ends.release_all()
 
     # -- maintenance -------------------------------------------------------
 
     def maintain(self, now: float) -> bool:
         """Strip, expire, revoke, drop unlisted; True if any lease reference was released."""
-        before = self.pool.refs_released
-        self._strip(now)
-        self.leases.expire(now)
-        self.pins.expire(now)
-        self.grants.revoke(now, self._engine_delay)  # LADS leases only: never a pin
-        for cid in self.cands.unlisted(now):  # never offered within l (bounded memory)
-            self._forget(cid)
-        return self.pool.refs_released != before
-
-    def _strip(self, now: float) -> None:
-        """Held blocks whose hash was stripped leave their holds (prefix cut there)."""
-        for holds in (self.leases, self.pins):
-            if holds.strip(now):
-                self.grants.released = True
+        return self.ends.maintain(now)
 
     def _view(self, now: float) -> View:
         """Candidates in FIFO order; pinned ones are outside the budget and left out."""
@@ -348,51 +334,11 @@ class LeaseBook:
         w, a, m = self.grants.load()
         return bud.engine_delay(self.kappa, w, a, m)
 
-    # -- ends of holds and candidates ----------------------------------------
-
     def _ended(
         self, kind: LeaseKind, x: Lease, status: LeaseStatus, blocks: int, now: float
     ) -> None:
-        """A hold ended (``Holds.release``): publish a lease's end, refill, settle."""
-        if kind is LeaseKind.LADS:
-            self.pub.lease_ended(x.cid, status, blocks, now)
-        self.grants.released = True
-        self._settle(x.cid)
-
-    def _supersede(self, cid: ContinuationId) -> bool:
-        """Invalidate the older live version of ``cid``'s turn; False if ``cid`` itself is old."""
-        if self.cands.stale(cid):
-            return False
-        old = self.cands.older(cid)
-        if old is not None:
-            self._cancel(old, "invalidations")
-        return True
-
-    def _cancel(self, cid: ContinuationId, counter: str) -> None:
-        lease = self.leases.get(cid)
-        if lease is not None:
-            self.leases.release(lease, LeaseStatus.CANCELLED, counter, self.clock())
-        elif cid in self.cands.pending:
-            self.counters[counter] += 1
-        pin = self.pins.get(cid)
-        if pin is not None:  # cancelled or superseded
-            self.pins.release(pin, LeaseStatus.CANCELLED, "pin_cancels", self.clock())
-        self.sessions.end(cid)
-        self._forget(cid)
-
-    def _forget(self, cid: ContinuationId) -> None:
-        """No longer a grant candidate (received, cancelled, unlisted); a lease stays."""
-        if self.cands.forget(cid):
-            # Only candidates are refused, and a new candidate comes with a notice,
-            # which starts a new generation: its refusals can never be counted again.
-            self.grants.refused.pop(cid, None)
-            self.sessions.end_unbound(cid)  # dropped before any request was bound
-            self._settle(cid)
-
-    def _settle(self, cid: ContinuationId) -> None:
-        """Keep nothing about ``cid`` once it is neither a candidate nor held."""
-        if cid not in self.cands.pending and cid not in self.leases and cid not in self.pins:
-            self.cands.settle(cid)
+        """A hold ended (``Holds.release``): :meth:`Ends.ended` (built after the holds)."""
+        self.ends.ended(kind, x, status, blocks, now)
 
     # -- publication and audit ---------------------------------------------
 
@@ -406,7 +352,9 @@ class LeaseBook:
     def state(self, seq: int) -> EngineState:
         """A frozen snapshot (spec 3.4): leases, budget, load, denials, resident sizes."""
         g = self.grants
-        return self.pub.state(seq, self.clock(), g.load(), g.budget, g.generation, g.denials)
+        return self.pub.state(
+            seq, self.clock(), g.load(), g.budget, g.generation, g.denials, g.refusals
+        )
 
     def sizes(self) -> dict[str, int]:
         """Entries per structure of every part: all 0 when nothing is live.
@@ -447,8 +395,5 @@ class LeaseBook:
         out["refs_held"] = float(held)
         out["pin_refs_added"] = float(self.pins.table.ledger.added)
         out["pin_refs_released"] = float(self.pins.table.ledger.released)
-        ended = self._end_mark == (self.counters["grants"], self.counters["pins"])
-        if ended and (self.leases.held or self.pins.held or held):
-            n = len(self.leases.held) + len(self.pins.held)
-            raise LeaseIntegrityError(f"{n} leases and pins remain after release_all")
+        self.ends.check_released(held)
         return out

@@ -3,7 +3,7 @@
 Contract (mini-sglang style: one owner per structure):
 
 * Owns: the announced pending results (``pending``: each
-  :class:`~ladsd.records.HistoryNotice` becomes a :class:`Pending` with its
+  :class:`~ladsd.records.HistoryNotice` becomes a :class:`LeaseCandidate` with its
   block hashes, its last resident prefix ``P_i``, its commitment mark and its
   first grant time ``g_i``); the sender's latest causal inventory (``inv`` and
   its ``phases``); the version of the one live continuation of each turn
@@ -19,7 +19,7 @@ Contract (mini-sglang style: one owner per structure):
   at most one continuation per turn is live (an announcement supersedes older
   versions). ``latest`` holds exactly the turns with a live continuation, so
   everything here is bounded by the live continuations plus the sender's
-  inventory. ``g_i`` and the commitment mark live on the :class:`Pending`:
+  inventory. ``g_i`` and the commitment mark live on the :class:`LeaseCandidate`:
   grants happen only to candidates, so a continuation can be granted (and
   re-granted with its first ``g_i``) exactly while it is a candidate.
 * Integrity: :meth:`check_integrity`.
@@ -31,8 +31,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import BlockHash, BlockHashWithGroupId, KVCacheBlock
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 
 from ladsd.engine import budget as bud
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
@@ -40,7 +42,21 @@ from ladsd.engine.lease_resident import Hasher, flatten, lookup_hit, make_hasher
 from ladsd.records import ContinuationId, HistoryNotice, InventoryItem, Phase, SenderInventory
 
 Turn = tuple[str, int]  # (workflow, turn)
-View = list[tuple["Pending", bud.Candidate]]
+View = list[tuple["LeaseCandidate", bud.Candidate]]
+
+
+def plain_lookup(kv: KVCacheManager) -> bool:
+    """vLLM's prefix lookup is the plain longest run of cached full blocks here: one
+    full-attention group, no EAGLE drop, no context parallelism, hash block = cache block."""
+    c = getattr(kv, "coordinator", None)
+    if type(c) is not UnitaryKVCacheCoordinator or c.eagle_group_ids:
+        return False
+    return (
+        type(c.single_type_managers[0]) is FullAttentionManager
+        and c.dcp_world_size == 1
+        and c.pcp_world_size == 1
+        and c.block_size == c.block_pool.hash_block_size
+    )
 
 
 def turn_of(cid: ContinuationId) -> Turn:
@@ -58,7 +74,7 @@ def check_notice(n: HistoryNotice) -> None:
 
 
 @dataclass
-class Pending:
+class LeaseCandidate:
     """An announced continuation not yet received: a grant candidate."""
 
     notice: HistoryNotice
@@ -98,7 +114,8 @@ class Candidates:
         self.lifetime = lifetime  # l: the default of every l_i (lifetime_of)
         self._hash_args = (hash_block_size, hash_algo)
         self._hasher: Hasher | None = None  # lazy: NONE_HASH is set after the scheduler
-        self.pending: dict[ContinuationId, Pending] = {}
+        self._plain: bool | None = None  # lazy: plain_lookup(kv), see _stays
+        self.pending: dict[ContinuationId, LeaseCandidate] = {}
         self.latest: dict[Turn, int] = {}  # version of the live continuation per turn
         self.inv: SenderInventory | None = None
         self.phases: dict[ContinuationId, Phase] = {}  # phases in the latest inventory
@@ -117,7 +134,7 @@ class Candidates:
             return None
         return ContinuationId(cid.workflow, cid.turn, v)
 
-    def announce(self, n: HistoryNotice) -> Pending:
+    def announce(self, n: HistoryNotice) -> LeaseCandidate:
         """A new candidate; call after superseding older versions of its turn."""
         turn = turn_of(n.cid)
         if self.latest.get(turn, n.cid.version) != n.cid.version or n.cid in self.pending:
@@ -126,7 +143,7 @@ class Candidates:
         # A result with an expected wait (ladsd serve's intent) travels outside the
         # daemon's link: no inventory will list it, its own timing stands in.
         listed = phase is not None or n.expected_wait_s is not None
-        p = Pending(n, self._hash(n), listed=listed, committed=phase is Phase.COMMITTED)
+        p = LeaseCandidate(n, self._hash(n), listed=listed, committed=phase is Phase.COMMITTED)
         self.pending[n.cid] = p
         self.latest[turn] = n.cid.version
         return p
@@ -187,7 +204,7 @@ class Candidates:
 
     # -- the FIFO view ---------------------------------------------------------
 
-    def ordered(self) -> list[Pending]:
+    def ordered(self) -> list[LeaseCandidate]:
         return sorted(self.pending.values(), key=lambda x: x.key)
 
     def view(self, now: float, delay: float) -> View:
@@ -195,14 +212,14 @@ class Candidates:
         link = self.link_times()
         out: View = []
         for p in self.ordered():
-            self.resident(p)
+            self.refresh(p)
             tau = bud.remaining_horizon(self.lifetime_of(p.notice), p.granted_at, now)
             t_b = self.time_to_use(p, now, delay, link)
             out.append((p, bud.Candidate(p.cid, p.ids, tau, t_b)))
         return out
 
     def time_to_use(
-        self, p: Pending, now: float, delay: float, link: dict[ContinuationId, float]
+        self, p: LeaseCandidate, now: float, delay: float, link: dict[ContinuationId, float]
     ) -> float:
         """``T_B_i``: the notice's expected wait when given, else the FIFO link time; + delay."""
         wait = p.notice.expected_wait_s
@@ -231,18 +248,26 @@ class Candidates:
             out[cid] = t
         return out
 
-    def resident(self, p: Pending) -> list[KVCacheBlock]:
-        """``P_i`` now; a complete prefix whose hashes all still hold is not looked up again.
+    def resident(self, p: LeaseCandidate) -> list[KVCacheBlock]:
+        """``P_i`` now (:meth:`refresh`), as a flat block list."""
+        self.refresh(p)
+        return [b for b, _ in p.checked]
+
+    def refresh(self, p: LeaseCandidate) -> None:
+        """Bring ``P_i`` up to date; a prefix that cannot have changed is not looked up again.
 
         Removing a hash is the only way a complete prefix can change, so the
         check is O(1) while no hash was removed anywhere, O(|P_i|) attribute
-        reads after one (far cheaper than vLLM's lookup), and a full lookup when
-        the prefix was incomplete (it may have grown) or broke.
+        reads after one (far cheaper than vLLM's lookup). An incomplete prefix
+        whose hashes hold can only grow at its next block: under vLLM's plain
+        lookup (:func:`plain_lookup`) one probe of that hash stands for the walk.
+        Otherwise, or when a hash broke, a full lookup.
         """
         epoch = self.pool.hash_epoch
-        if p.complete and (p.epoch == epoch or all(b.block_hash == h for b, h in p.checked)):
+        held = p.epoch == epoch or all(b.block_hash == h for b, h in p.checked)
+        if held and (p.complete or self._stays(p)):
             p.epoch = epoch
-            return [b for b, _ in p.checked]
+            return
         n = len(p.notice.token_ids)
         p.resident, hit = lookup_hit(self.kv, p.hashes, n)
         blocks = flatten(p.resident)
@@ -251,7 +276,22 @@ class Candidates:
         p.ids = frozenset(b.block_id for b in blocks)
         p.complete = bool(blocks) and hit >= n // self._hash_args[0] * self._hash_args[0]
         p.epoch = epoch
-        return blocks
+
+    def _stays(self, p: LeaseCandidate) -> bool:
+        """An incomplete ``P_i`` looked up before, whose next block's hash is not cached.
+
+        Call only while its hashes hold. vLLM's plain lookup is the longest run
+        of cached hashes from the start; that run is intact, so a miss at its end
+        means the lookup would return the same blocks.
+        """
+        if p.epoch < 0:
+            return False
+        if self._plain is None:
+            self._plain = plain_lookup(self.kv)
+        if not self._plain:
+            return False
+        k = len(p.checked)
+        return k >= len(p.hashes) or self.pool.get_cached_block(p.hashes[k], [0]) is None
 
     def sizes_of(self) -> tuple[tuple[ContinuationId, int], ...]:
         """``|P_i|`` per candidate at its last lookup, FIFO order (0 = cold)."""

@@ -3,7 +3,8 @@
 Contract (mini-sglang style: one owner per structure):
 
 * Owns: the budget of the current generation (``budget``, ``generation``),
-  its denial events (``denials``, replaced by every evaluation), the
+  its denial events (``denials``, replaced by every evaluation) and
+  headroom-refusal events (``refusals``, ours: alike), the
   refusals counted this generation (``refused``: kinds per candidate) and
   the flag that a hold was released since the last replenishment
   (``released``: :meth:`refill` grants only then).
@@ -35,13 +36,13 @@ from vllm.v1.request import Request
 
 from ladsd.config import LeaseConfig
 from ladsd.engine import budget as bud
-from ladsd.engine.lease_candidates import Candidates, Pending, View
+from ladsd.engine.lease_candidates import Candidates, LeaseCandidate, View
 from ladsd.engine.lease_holds import Holds
 from ladsd.engine.lease_pool import LeaseIntegrityError
 from ladsd.engine.lease_publish import Publication
 from ladsd.engine.lease_resident import flatten, lookup_hit
 from ladsd.engine.lease_table import Lease
-from ladsd.records import ContinuationId, DenialEvent, LeaseEventKind, LeaseStatus
+from ladsd.records import ContinuationId, DenialEvent, LeaseEventKind, LeaseStatus, RefusalEvent
 
 Load = Callable[[], tuple[int, int, int]]  # (w waiting, a running, m max_num_seqs)
 Waiting = Callable[[], Iterable[Request]]  # vLLM's waiting requests without KV blocks, in order
@@ -80,7 +81,9 @@ class Reserve:
 
     def taken(self, blocks: Iterable[KVCacheBlock]) -> int:
         """Free blocks a grant of ``blocks`` plus the pending allocation take."""
-        return len({b.block_id for b in blocks if b.ref_cnt == 0} | self.cached) + self.new
+        ids = {b.block_id for b in blocks if b.ref_cnt == 0}
+        # |ids | cached| without copying ``cached`` (the intersection walks the smaller set).
+        return len(ids) + len(self.cached) - len(ids & self.cached) + self.new
 
     def hold(self, blocks: Iterable[KVCacheBlock]) -> None:
         """``blocks`` were just leased: admitting a request no longer takes them from F."""
@@ -111,6 +114,7 @@ class Grants:
         self.generation = 0
         self.budget = NO_BUDGET
         self.denials: list[DenialEvent] = []
+        self.refusals: list[RefusalEvent] = []  # headroom refusals, this generation (ours)
         self.refused: dict[ContinuationId, set[str]] = {}  # refusal kinds, this generation
         self.released = False  # a hold was released since the last replenishment
 
@@ -118,6 +122,7 @@ class Grants:
         """One budget evaluation: a new generation with its own denial list."""
         self.generation += 1
         self.denials = []
+        self.refusals = []
         self.refused.clear()
         self.pub.counters["evaluations"] += 1
         if not self.cfg.enabled:
@@ -168,16 +173,17 @@ class Grants:
                 cached.update(b.block_id for b in row if not b.is_null and b.ref_cnt == 0)
         return Reserve(cached, new)
 
-    def grant(self, p: Pending, now: float, reserve: Reserve) -> bool:
+    def grant(self, p: LeaseCandidate, now: float, reserve: Reserve) -> bool:
         """Grant ``p`` if it passes the headroom rule and fits ``B``; else count the refusal."""
         cid = p.cid
         blocks = flatten(p.resident)
         table = self.leases.table
-        used = table.used
-        delta = table.delta(blocks)
-        if table.pool.get_num_free_blocks() - reserve.taken(blocks) < self.cfg.headroom_blocks:
-            self.refuse("headroom_refusals", cid)
+        free, taken = table.pool.get_num_free_blocks(), reserve.taken(blocks)
+        if free - taken < self.cfg.headroom_blocks:
+            if self.refuse("headroom_refusals", cid):
+                self.refusals.append(RefusalEvent(cid, now, self.generation, free, taken))
             return False
+        used, delta = table.used, table.delta(blocks)  # only past the headroom rule
         if used + delta > self.budget.B:
             if self.refuse("denials", cid):
                 self.denials.append(
@@ -188,7 +194,7 @@ class Grants:
         self.take(p, now, reserve)
         return True
 
-    def require(self, p: Pending, now: float) -> str | None:
+    def require(self, p: LeaseCandidate, now: float) -> str | None:
         """Grant ``p`` now within ``C_safe`` and ``H`` (ladsd serve), or say why not."""
         self.cands.resident(p)  # P_i now
         blocks = flatten(p.resident)
@@ -206,7 +212,7 @@ class Grants:
         self.take(p, now, reserve)
         return None
 
-    def take(self, p: Pending, now: float, reserve: Reserve) -> None:
+    def take(self, p: LeaseCandidate, now: float, reserve: Reserve) -> None:
         """Acquire ``p``'s lease (the checks have passed)."""
         blocks = flatten(p.resident)
         if p.granted_at is None:
@@ -263,6 +269,7 @@ class Grants:
         """End of run: no refusal or denial is kept."""
         self.refused.clear()
         self.denials = []
+        self.refusals = []
         self.released = False
 
     def sizes(self) -> dict[str, int]:
@@ -273,5 +280,5 @@ class Grants:
         """Raise :class:`LeaseIntegrityError` unless refusals and denials are current."""
         if not self.refused.keys() <= self.cands.pending.keys():
             raise LeaseIntegrityError("refusals kept for a continuation that is no candidate")
-        if any(d.generation != self.generation for d in self.denials):
-            raise LeaseIntegrityError("denials kept from an earlier generation")
+        if any(d.generation != self.generation for d in (*self.denials, *self.refusals)):
+            raise LeaseIntegrityError("denials or refusals kept from an earlier generation")

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 
-from ladsd.engine.lease_candidates import Candidates, Pending
+from ladsd.engine.lease_candidates import Candidates, LeaseCandidate
 from ladsd.engine.lease_holds import Holds
 from ladsd.records import ContinuationId, LeaseStatus
 
@@ -65,7 +65,7 @@ class PinRules:
         self.cands = cands
         self.tick_s = tick_s  # the lease tick: the least margin of a ttl-pin
 
-    def at_readiness(self, p: Pending, now: float, delay: float, generation: int) -> None:
+    def at_readiness(self, p: LeaseCandidate, now: float, delay: float, generation: int) -> None:
         """ttl-pin: pin ``P_i`` for the predicted wait ``T_B_i`` plus a margin, up to ``l_i``."""
         t_b = self.cands.time_to_use(p, now, delay, self.cands.link_times())
         ttl = pin_ttl(t_b, self.cands.lifetime_of(p.notice), self.tick_s)
@@ -91,7 +91,7 @@ class PinRules:
         c["preserves"] += 1
         return True
 
-    def pin(self, p: Pending, ttl: float, now: float, generation: int) -> bool:
+    def pin(self, p: LeaseCandidate, ttl: float, now: float, generation: int) -> bool:
         """Pin ``p``'s ``P_i`` now until ``now + min(ttl, l_i)``; False if nothing is resident.
 
         A LADS lease of ``p`` ends once the pin holds its blocks

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ladsd.engine import budget as bud
 from ladsd.engine.lease_candidates import Candidates
@@ -37,6 +38,7 @@ from ladsd.records import (
     LeaseKind,
     LeaseRecord,
     LeaseStatus,
+    RefusalEvent,
 )
 
 _END_EVENTS = {
@@ -81,6 +83,7 @@ class Publication:
         budget: bud.Budget,
         generation: int,
         denials: Sequence[DenialEvent],
+        refusals: Sequence[RefusalEvent] = (),
     ) -> EngineState:
         """A frozen snapshot (spec 3.4); takes the events since the last one."""
         w, a, m = load
@@ -106,6 +109,7 @@ class Publication:
             resident=self.cands.sizes_of(),
             counters=self.snapshot(now),
             events=self.drain_events(),
+            refusals=tuple(refusals),
         )
 
     def event(self, kind: LeaseEventKind, cid: ContinuationId, now: float, blocks: int = 0) -> None:
@@ -125,12 +129,22 @@ class Publication:
         return events
 
     def records(self, generation: int) -> tuple[LeaseRecord, ...]:
-        """Active lease and pin records, rebuilt only after a reference change or a generation."""
+        """Active lease and pin records, rebuilt only after a reference change.
+
+        A new generation alone restamps the cached records (:func:`restamp`):
+        every other field changes only with a lease or pin reference.
+        """
         pool = self.leases.table.pool
         key = (pool.refs_added, pool.refs_released, generation)
-        if self._records[0] != key:
-            self._records = (key, build_records(self.leases, self.pins, generation))
-        return self._records[1]
+        cached, recs = self._records
+        if cached == key:
+            return recs
+        if cached[:2] == key[:2]:
+            recs = restamp(recs, generation)
+        else:
+            recs = build_records(self.leases, self.pins, generation)
+        self._records = (key, recs)
+        return recs
 
     def snapshot(self, now: float) -> dict[str, float]:
         """The published counters: every named one (0 until it happens), then the gauges."""
@@ -159,6 +173,11 @@ class Publication:
         ended = sum(c[f"ended_{s.value}"] for s in _END_EVENTS)
         if ended > c["grants"]:
             raise LeaseIntegrityError(f"{ended} lease ends counted for {c['grants']} grants")
+
+
+def restamp(records: tuple[LeaseRecord, ...], generation: int) -> tuple[LeaseRecord, ...]:
+    """``records`` as of budget ``generation`` (what :func:`build_records` would give)."""
+    return tuple(replace(r, generation=generation) for r in records)
 
 
 def build_records(leases: Holds, pins: Holds, generation: int) -> tuple[LeaseRecord, ...]:

@@ -34,6 +34,9 @@ Contract (mini-sglang style; peers.md section 2):
   free session blocks, on such steps only.
 * Callers: only :class:`~ladsd.engine.lease_book.LeaseBook`, on the engine
   thread; nothing locks. Memory: bounded by the live workflows.
+* Retention ``SESSION`` (hear-session) and ``LADS_SESSION`` (lads-adaptive, ours):
+  beside LADS leases a leased block is referenced, never free, so the order
+  acts exactly on the waiting histories no lease holds (skipped: ``ref_cnt > 0``).
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def retention_priority(p: float, idle: float, tau: float = SESSION_TAU_S) -> flo
 
 
 @dataclass
-class Session:
+class WaitingSession:
     """One live waiting session: its prefix blocks, ``p`` and when it went idle."""
 
     cid: ContinuationId
@@ -92,7 +95,7 @@ class Sessions:
     def __init__(self, pool: LeaseBlockPool, block_sizes: Sequence[int]) -> None:
         self.pool = pool
         self.block_sizes = list(block_sizes)
-        self.entries: dict[str, Session] = {}  # workflow -> its live waiting session
+        self.entries: dict[str, WaitingSession] = {}  # workflow -> its live waiting session
         self.by_req: dict[str, str] = {}  # request id -> workflow
         self.version = 0  # bumps when a session enters or leaves
         self._seen: tuple[int, int] = (-1, -1)  # (version, free epoch) at the last reorder
@@ -103,7 +106,7 @@ class Sessions:
         p: float,
         resident: Sequence[Sequence[KVCacheBlock]],
         now: float,
-    ) -> Session:
+    ) -> WaitingSession:
         """``cid``'s result is ready: its session waits with ``P_i`` = ``resident``."""
         self._drop(cid.workflow)
         blocks: list[KVCacheBlock] = []
@@ -121,7 +124,7 @@ class Sessions:
         stamps = [self.pool.freed_at.get(b.block_id) for b in blocks if b.ref_cnt == 0]
         ended = min((t for t in stamps if t is not None), default=now)
         retention_priority(p, 0.0)  # validates p
-        s = Session(cid, p, min(ended, now), blocks, hashes, spans)
+        s = WaitingSession(cid, p, min(ended, now), blocks, hashes, spans)
         self.entries[cid.workflow] = s
         self.version += 1
         return s

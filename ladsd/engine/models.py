@@ -66,7 +66,7 @@ def _llama_shape(layers: int, hidden: int, heads: int, kv: int, inter: int) -> d
     }
 
 
-PROFILES: dict[str, ModelProfile] = {
+MODEL_PROFILES: dict[str, ModelProfile] = {
     "smollm2-135m": ModelProfile(
         "smollm2-135m", False, "SmolLM2-135M-Instruct, real weights (Apache-2.0)"
     ),
@@ -154,12 +154,12 @@ def smollm2_dir() -> Path:
 
 def model_path(name: str) -> Path:
     """The Hugging Face folder of profile ``name`` (prepared on demand for shapes)."""
-    if name not in PROFILES:
-        raise ModelError(f"unknown model profile {name!r}; known: {', '.join(PROFILES)}")
+    if name not in MODEL_PROFILES:
+        raise ModelError(f"unknown model profile {name!r}; known: {', '.join(MODEL_PROFILES)}")
     base = smollm2_dir()
     if not (base / "config.json").exists():
         raise ModelError(f"model files missing in {base}; run `ladsd model prepare` first")
-    prof = PROFILES[name]
+    prof = MODEL_PROFILES[name]
     if not prof.dummy:
         return base
     return _ensure_shape(prof, base)

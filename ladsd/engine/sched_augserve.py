@@ -60,7 +60,7 @@ from vllm.v1.core.sched.request_queue import FCFSRequestQueue
 from vllm.v1.request import Request, RequestStatus
 
 from ladsd import clock as _clock
-from ladsd.config import LeaseConfig
+from ladsd.config import LeaseConfig, PeerConfig
 from ladsd.engine import augserve as aug
 from ladsd.engine.kappa import kappa_tokens
 from ladsd.engine.lease_pins import pin_ttl
@@ -312,14 +312,18 @@ class AugServeMixin:
         retention: Retention = Retention.LADS,
         augserve: aug.AugServeConfig | None = None,
     ) -> None:
-        """Start leasing, then AugServe (checks the engine can run it)."""
+        """Start leasing, then AugServe (checks the engine can run it).
+
+        ``augserve``: the run profile's knobs (``profile.peers.augserve``, which also
+        sized the step buffer); None: the default profile's (model-free harnesses).
+        """
         if not isinstance(self.waiting, FCFSRequestQueue):
             raise ValueError("the augserve engine policy needs vLLM's fcfs scheduling policy")
         if not self.scheduler_config.enable_chunked_prefill:
             raise ValueError("the augserve engine policy needs chunked prefill (dynamic budget)")
         super().lease_setup(cfg, kappa, clock, retention=retention)  # type: ignore[misc]
         params = AugParams(
-            cfg=augserve or aug.AugServeConfig(),
+            cfg=augserve or PeerConfig().augserve,
             kappa=kappa,
             n_kappa=kappa_tokens(self.scheduler_config.max_num_batched_tokens, self.max_model_len),
             ceiling=self.max_num_scheduled_tokens,

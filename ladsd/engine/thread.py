@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ladsd import clock
-from ladsd.config import EngineConfig, LeaseConfig, has_cuda
+from ladsd.config import AugServeConfig, EngineConfig, LeaseConfig, PeerConfig, has_cuda
 from ladsd.engine import commands as cmd
 from ladsd.engine import kappa as kappa_rule
 from ladsd.engine.build import Built, build, kappa_key
@@ -62,6 +62,7 @@ class Settings:
     upkeep: Upkeep
     cpu: bool  # no CUDA: vLLM's CPU build
     dtype: str  # asked of vLLM (resolve_dtype)
+    augserve: AugServeConfig  # the augserve engine policy's knobs (the profile's)
 
 
 @dataclass(frozen=True)
@@ -84,12 +85,20 @@ class EngineThread(EngineClient):
         retention: Retention = Retention.LADS,
         engine_policy: EnginePolicy = EnginePolicy.VLLM,
         upkeep: Upkeep = Upkeep(),
+        augserve: AugServeConfig | None = None,
     ) -> None:
         cpu = not has_cuda()
         dtype = resolve_dtype(cfg.dtype, not cpu, cpu_info().flags)
         lease = lease or LeaseConfig()
         self.settings = Settings(
-            cfg, lease, Retention(retention), EnginePolicy(engine_policy), upkeep, cpu, dtype
+            cfg,
+            lease,
+            Retention(retention),
+            EnginePolicy(engine_policy),
+            upkeep,
+            cpu,
+            dtype,
+            augserve or PeerConfig().augserve,
         )
         super().__init__(cmd.Inbox(), refuse_seeds=cpu)
         self.startup_s = 0.0
@@ -215,7 +224,8 @@ class EngineThread(EngineClient):
         s = self.settings
         built = build(s.cfg, s.dtype, s.engine_policy, s.cpu, self._say)
         kappa = self._kappa(built)
-        built.sched.lease_setup(s.lease, kappa.seconds, clock.now, retention=s.retention)
+        aug = {"augserve": s.augserve} if s.engine_policy is EnginePolicy.AUGSERVE else {}
+        built.sched.lease_setup(s.lease, kappa.seconds, clock.now, retention=s.retention, **aug)
         return built, kappa
 
     def _kappa(self, built: Built) -> Kappa:

@@ -23,11 +23,11 @@ _STAGE_LABELS = {
 }
 
 
-# One fixed style per registered run name: fourteen hue families (no light tint of
+# One fixed style per registered run name: fifteen hue families (no light tint of
 # another's colour: tab20's pairs drew FIFO and HEAR guard both blue), a dash mostly
 # by group (baselines solid, ablations dashed, peers dash-dot, the reference dotted)
 # and a marker each; two hues that are near (teal and cyan, olive and gold, lime and
-# green) differ in dash and marker too (tests/test_plot_styles.py). Every colour is
+# green) differ in dash and marker too (tests/unit/test_plot_styles.py). Every colour is
 # dark enough to read on white; LADS is black, thicker, unmarked and drawn last.
 _SOLID, _DASHED, _DASHDOT, _DOTTED = "-", (0, (5, 2)), (0, (6, 2, 1.5, 2)), (0, (1.5, 1.5))
 _DASHDOTDOT = (0, (6, 2, 1.5, 2, 1.5, 2))
@@ -39,6 +39,7 @@ STYLES: dict[str, tuple[str, object, str]] = {
     "cache-first-noleases": ("#8a2be2", _DASHED, "D"),  # violet
     "turnover-off": ("#8b5a2b", _DASHED, "P"),  # brown
     "lads-denial": ("#e0249a", _DASHED, "X"),  # magenta
+    "lads-adaptive": ("#4b0082", _SOLID, "H"),  # indigo (issue 23; ours, like LADS: solid)
     "infinite-cache": ("#6e6e6e", _DOTTED, "*"),  # grey
     "augserve": ("#808000", _DASHDOT, "<"),  # olive
     "hear-cache-aware": ("#0fa3b8", _DASHDOT, ">"),  # cyan

@@ -17,7 +17,7 @@ from ladsd.agent.loop import AgentConfig
 from ladsd.clock import STAGES
 from ladsd.serve.app import LOCAL
 from ladsd.serve.errors import ApiError
-from ladsd.workloads.trace import CallRecord, WorkflowRecord
+from ladsd.workloads.trace import TraceCall, TraceWorkflow
 from web_catalog.db import Catalog
 from web_catalog.tasks import Task, TaskProduct
 
@@ -135,7 +135,7 @@ def parse_agent(raw: Any) -> AgentConfig:
 # ---- runs ----------------------------------------------------------------------
 
 
-def call_view(c: CallRecord) -> dict[str, Any]:
+def call_view(c: TraceCall) -> dict[str, Any]:
     """One model call as the API shows it (times relative to the run's start)."""
     o = c.observation
     a = c.action
@@ -167,7 +167,7 @@ def call_view(c: CallRecord) -> dict[str, Any]:
     }
 
 
-def stage_totals(calls: list[CallRecord]) -> dict[str, dict[str, float | int]]:
+def stage_totals(calls: list[TraceCall]) -> dict[str, dict[str, float | int]]:
     """Per stage: calls that have it, total and mean seconds (cold calls lack s-r, c-s, n-c)."""
     out: dict[str, dict[str, float | int]] = {}
     for name in STAGES:
@@ -199,7 +199,7 @@ class RunLog:
 class RunResult:
     """What a run came to: the loop's record (None if it never returned one), the error."""
 
-    record: WorkflowRecord | None = None
+    record: TraceWorkflow | None = None
     error: str | None = None
     ended: float | None = None  # ladsd.clock
 
@@ -212,7 +212,7 @@ class AgentRun:
     created: float  # Unix time (for people)
     t0: float  # ladsd.clock at creation: every time of the run is relative to it
     status: str = "queued"  # queued | running | completed | failed | cancelled
-    calls: list[CallRecord] = field(default_factory=list)
+    calls: list[TraceCall] = field(default_factory=list)
     result: RunResult = field(default_factory=RunResult)
     log: RunLog = field(default_factory=RunLog)
     job: asyncio.Task | None = None

@@ -45,7 +45,7 @@ from ladsd.serve.app import LOCAL, read_json, tenant_of
 from ladsd.serve.context import CONTEXT, ServeContext
 from ladsd.serve.errors import ApiError
 from ladsd.serve.responses import WRITE_TIMEOUT_S, dumps, json_response, open_sse, write_within
-from ladsd.workloads.trace import CallRecord
+from ladsd.workloads.trace import TraceCall
 from web_catalog.db import Catalog
 from web_catalog.tasks import Task, load_tasks
 
@@ -182,7 +182,7 @@ class AgentRuns:
         run.status = "running"
         self._emit(run, "status", {"status": "running"})
 
-        def on_call(_: str, call: CallRecord) -> None:
+        def on_call(_: str, call: TraceCall) -> None:
             run.calls.append(call)
             self._emit(run, "step", call_view(call))
 

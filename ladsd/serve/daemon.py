@@ -26,11 +26,12 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 from aiohttp import web
 
+from ladsd import sizing
 from ladsd.config import Profile
 from ladsd.engine.thread import DAEMON_UPKEEP, EngineThread, Upkeep
 from ladsd.modes import EnginePolicy
 from ladsd.records import EngineState
-from ladsd.runtime import Runtime, open_runtime
+from ladsd.runtime import Runtime
 from ladsd.serve import agents, completions, metrics, protocol
 from ladsd.serve.app import CappedSite, check_bind, is_loopback, key_table, make_app, make_runner
 from ladsd.serve.context import (
@@ -45,6 +46,7 @@ from ladsd.serve.events import EventHub
 from ladsd.serve.render import Renderer
 from ladsd.serve.responses import json_response
 from ladsd.serve.sessions import LeaseRule, Session, SessionTable
+from ladsd.wiring import open_runtime
 from web_catalog.db import Catalog, CatalogMissing, open_catalog
 
 log = logging.getLogger("ladsd.serve")
@@ -191,14 +193,8 @@ class Daemon:
     def renderer(self) -> Renderer | None:
         return self.ctx.runtime.renderer
 
-    @property
-    def engine(self) -> EngineThread | None:
-        """The engine thread itself (tests, the CLI's exit report); never for handlers."""
-        rt = self.ctx.runtime.rt
-        return rt.engine if rt is not None else None
-
     def live_engine(self) -> EngineThread:
-        """:meth:`engine`, or 503 while it starts or after it died (tests)."""
+        """The engine thread itself, or 503 while it starts or after it died (tests)."""
         return self.ctx.runtime.live().engine
 
     async def health(self, _: web.Request) -> web.Response:
@@ -290,9 +286,8 @@ class Daemon:
         assert self._stop is not None
         async with AsyncExitStack() as stack:
             s = self.ctx.served
-            cm = open_runtime(
-                s.profile, s.policy, engine_policy=s.engine_policy, upkeep=self.upkeep
-            )
+            prof = sizing.for_run(s.profile, s.policy, s.engine_policy)  # the engine it runs
+            cm = open_runtime(prof, s.policy, engine_policy=s.engine_policy, upkeep=self.upkeep)
             opening = asyncio.ensure_future(stack.enter_async_context(cm))
             stopped = asyncio.ensure_future(self._stop.wait())
             try:

@@ -3,7 +3,7 @@
 The model's chat template (SmolLM2 and every shape profile use ChatML,
 ``ladsd.engine.models.CHATML_TEMPLATE``) is applied turn by turn with
 :class:`ladsd.agent.prompt.ChatML`, whose pieces tokenize exactly as the
-template would (``tests/test_agent.py`` and ``tests/test_serve_units.py``
+template would (``tests/engine/test_agent.py`` and ``tests/engine/test_serve_units.py``
 check the equality); special-token strings inside a message stay text, so a
 tool result cannot open a turn of its own.
 

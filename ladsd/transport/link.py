@@ -24,7 +24,8 @@ result the receiver keeps rejecting, or that cannot be sent, fails its ticket
 with a clear error; a failing policy or a link that keeps dropping stops the
 sender, fails every outstanding ticket with its error and keeps it as ``Sender.error``.
 
-Modules: ``outbox.py`` (queues, window, policy, tickets; no socket),
+Modules: ``outbox.py`` (no socket: the rules over ``outbox_queues.py``, queues
+and window; ``outbox_policy.py``, policy calls; ``outbox_entries.py``, tickets),
 ``sender.py`` (dial, pacing, acks, resends), ``receiver.py``, ``control.py``
 (acks/nacks on the wire), ``errors.py``; this one pairs the two ends and
 re-exports the API.

@@ -2,28 +2,21 @@
 
 :class:`Outbox` is pure state plus asyncio futures: the sender's socket part
 (:class:`ladsd.transport.sender.Sender`) feeds it what happened on the wire,
-and unit tests drive it directly.
+and unit tests drive it directly. Its parts: ``outbox_queues.py`` (F(t), the
+committed queue), ``outbox_policy.py`` (the policy's side), ``outbox_entries.py``
+(a result's ticket, entry and frame).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from ladsd.clock import Clock, now
-from ladsd.config import FRAME_OVERHEAD, LinkConfig
+from ladsd.config import LinkConfig
 from ladsd.delivery.policy import Pending, Policy, SenderView
-from ladsd.records import (
-    ContinuationId,
-    EngineState,
-    InventoryItem,
-    Phase,
-    SenderInventory,
-)
+from ladsd.records import ContinuationId, EngineState, Phase, SenderInventory
 from ladsd.transport.control import Control, Kind, Reason
 from ladsd.transport.errors import (
     Cancelled,
@@ -31,60 +24,19 @@ from ladsd.transport.errors import (
     LinkClosed,
     LinkError,
     OfferError,
-    PolicyError,
     SendFailed,
 )
-from ladsd.transport.frame import Codec, Frame, FrameError, encode, make_frame
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One offered result's progress, from offer to complete receipt.
-
-    ``committed`` resolves with ``s`` at the first commitment; ``received``
-    with ``c`` at complete receipt. If the result is not delivered both fail
-    with a :class:`LinkError`: :class:`FrameRejected` (nacked more than
-    ``max_rejects`` times), :class:`SendFailed` (the connection dropped
-    ``max_drops`` times on it), :class:`Cancelled`, :class:`LinkClosed`, or the
-    sender's fatal error (:class:`PolicyError`, :class:`LinkDown`, ...).
-    A caller waiting for something the receipt causes (e.g. registration)
-    should wait on ``received`` beside it, so a dead link never leaves it
-    hanging (every ticket fails when the sender stops).
-
-    ``s`` is the latest commitment (the delivered one, once ``c`` is known).
-    """
-
-    item: Pending
-    committed: asyncio.Future[float]
-    received: asyncio.Future[float]
-    s: float | None = None
-    c: float | None = None
-    commits: int = 0
-    sends: int = 0  # transmissions, resends included
-    rejects: int = 0
-    reasons: list[str] = field(default_factory=list)  # one per reject
-    error: LinkError | None = None
-
-    @property
-    def cid(self) -> ContinuationId:
-        return self.item.cid
-
-
-@dataclass(eq=False)
-class Entry:
-    """A result in F(t) or in the committed queue (the socket part reads ``data``/``sent``)."""
-
-    ticket: Ticket
-    seq: int  # offer order: FIFO tie-break
-    data: bytes  # the encoded frame
-    phase: Phase = Phase.PENDING
-    sent: int = 0  # bytes of the current transmission on the wire
-    tx: int = 0  # transmissions of the current commitment
-    drops: int = 0  # dropped connections charged to it (oldest unacknowledged)
-
-    def order(self) -> tuple[float, int]:
-        return (self.ticket.item.ready_time, self.seq)
-
+from ladsd.transport.frame import Codec
+from ladsd.transport.outbox_entries import (
+    Entry,
+    Ticket,
+    build_frame,
+    settle_failed,
+    settle_received,
+    stamp_commit,
+)
+from ladsd.transport.outbox_policy import PolicyCalls
+from ladsd.transport.outbox_queues import Queues
 
 OUTBOX_COUNTERS = (
     "offers",  # results offered
@@ -106,48 +58,17 @@ OUTBOX_COUNTERS = (
 )
 
 
-def _consume(fut: asyncio.Future) -> None:
-    # The failure is also kept on the ticket and counted; don't log it as unretrieved.
-    if not fut.cancelled():
-        fut.exception()
-
-
-def build_frame(item: Pending, payload: bytes, codec: Codec, max_payload: int) -> bytes:
-    """The encoded frame of ``item``; :class:`OfferError` if the item contradicts it."""
-    cid = item.cid
-    if len(payload) != item.payload_bytes:
-        raise OfferError(
-            f"{cid.key()}: payload is {len(payload)} bytes, item says {item.payload_bytes}"
-        )
-    if item.frame_bytes != FRAME_OVERHEAD + item.payload_bytes:
-        raise OfferError(
-            f"{cid.key()}: frame_bytes {item.frame_bytes} != h + p = "
-            f"{FRAME_OVERHEAD + item.payload_bytes}"
-        )
-    if len(payload) > max_payload:
-        raise OfferError(
-            f"{cid.key()}: payload of {len(payload)} bytes exceeds the link maximum {max_payload}"
-        )
-    try:
-        frame: Frame = make_frame(
-            cid, payload, prefix_digest=item.prefix_digest, ready_time=item.ready_time, codec=codec
-        )
-        data = encode(frame)
-    except FrameError as exc:
-        raise OfferError(f"{cid.key()}: {exc}") from None
-    if frame.header.payload_digest != item.payload_digest:
-        raise OfferError(f"{cid.key()}: payload digest does not match the item's payload_digest")
-    return data
-
-
 class Outbox:
     """F(t), the committed queue, Q_B, the window, the policy and the tickets.
 
-    Owns: ``F(t)`` (ready, uncommitted results, FIFO order), the committed
-    queue (transport order, fixed once committed), per-result progress on
-    the wire, the engine state passed to the policy, every policy call and
-    its timing, the tickets, the counters, and inventory publication
-    (``on_inventory`` at readiness and on every change).
+    Composes (one resource each): :class:`Queues` (F(t) in FIFO order, the
+    committed queue in transport order, per-result progress on the wire, the
+    ``idle`` / ``unsent`` events) and :class:`PolicyCalls` (the policy, the
+    engine state passed to it, the time inside ``choose``). Owns itself the
+    rules that join them (when to ask the policy, what an ack, nack, drop,
+    cancel or close does to a ticket), the tickets' settlement, the counters,
+    and inventory publication (``on_inventory`` at readiness and on every
+    change).
 
     Callers: the owner of the results (through the Sender) calls
     :meth:`offer_many`, :meth:`set_state`, :meth:`complete`, :meth:`cancel`;
@@ -155,14 +76,10 @@ class Outbox:
     :meth:`wrote`, :meth:`answer`, :meth:`rewind`, :meth:`stop`,
     :meth:`close`. All on the event loop's thread; nothing here awaits.
 
-    Invariants (:meth:`check_integrity`): every live ticket's entry is in
-    exactly one of F(t) / committed and in ``by_cid``, nothing else is;
-    at most ``window`` committed; committed frames go on the wire in order
-    (fully sent ones, at most one partly sent, then unsent ones), so Q_B is
-    the unsent bytes of the committed queue; after a fatal error or close,
-    both queues are empty and ``error`` (or ``closed``) says why. Nothing is
-    kept per result once its ticket is settled (received, failed,
-    cancelled): counters only.
+    Invariants (:meth:`check_integrity`): the queues' and the policy calls';
+    after a fatal error or close, both queues are empty and ``error`` (or
+    ``closed``) says why. Nothing is kept per result once its ticket is
+    settled (received, failed, cancelled): counters only.
 
     Fail fast: a policy hook that raises, or a choice that is not pending,
     stops the outbox with :class:`PolicyError`; :meth:`stop` fails every
@@ -184,73 +101,69 @@ class Outbox:
             raise ValueError(f"window must be >= 1, got {config.window}")
         if max_rejects < 0:
             raise ValueError(f"need max_rejects >= 0, got {max_rejects}")
-        self.policy = policy
         self.config = config
-        self.rate = float(config.rate_bytes_per_s)
-        self.window = config.window
         self.codec = Codec.parse(config.codec)
         self.max_rejects = max_rejects
         self.on_inventory = on_inventory
         self.on_stop = on_stop
         self._clock = clock
-        self._pending: list[Entry] = []  # F(t), FIFO order
-        self._committed: deque[Entry] = deque()  # transport order
-        self._by_cid: dict[ContinuationId, Entry] = {}  # pending + committed
-        self._seq = 0
-        self._state: EngineState | None = None
-        self._seq_before = -1
-        self.idle = asyncio.Event()  # nothing pending, nothing committed
-        self.idle.set()
-        self.unsent = asyncio.Event()  # a committed frame has bytes not yet on the wire
+        self._queues = Queues(config.window)
+        self._calls = PolicyCalls(policy)
         self.closed = False
         self.error: LinkError | None = None  # the fatal error, once stopped
         self.counters: Counter[str] = Counter(dict.fromkeys(OUTBOX_COUNTERS, 0))
-        self.decision_s = 0.0  # wall time spent inside policy.choose
 
     # ---- state the policies see
 
     @property
+    def policy(self) -> Policy:
+        return self._calls.policy
+
+    @property
+    def rate(self) -> float:
+        return float(self.config.rate_bytes_per_s)
+
+    @property
+    def decision_s(self) -> float:
+        """Wall time spent inside ``policy.choose``."""
+        return self._calls.decision_s
+
+    @property
+    def idle(self) -> asyncio.Event:
+        """Set while nothing is pending and nothing committed."""
+        return self._queues.idle
+
+    @property
+    def unsent(self) -> asyncio.Event:
+        """Set while a committed frame has bytes not yet on the wire."""
+        return self._queues.unsent
+
+    @property
     def q_b(self) -> int:
         """Committed bytes not yet on the wire."""
-        return sum(len(e.data) - e.sent for e in self._committed)
+        return self._queues.q_b
 
     @property
     def in_flight(self) -> int:
         """Committed frames not yet completely received (acknowledged)."""
-        return len(self._committed)
+        return self._queues.in_flight
 
     @property
     def pending(self) -> tuple[Pending, ...]:
         """F(t) in FIFO order."""
-        return tuple(e.ticket.item for e in self._pending)
+        return self._queues.pending
 
     @property
     def committed(self) -> tuple[ContinuationId, ...]:
         """The committed queue, in transport order."""
-        return tuple(e.ticket.cid for e in self._committed)
+        return self._queues.committed
 
     def view(self) -> SenderView:
-        return SenderView(
-            q_b=self.q_b,
-            rate=self.rate,
-            overhead=FRAME_OVERHEAD,
-            state=self._state,
-            state_seq_before=self._seq_before,
-        )
+        return self._calls.view(self.q_b, self.rate)
 
     def inventory(self) -> SenderInventory:
         """The causal inventory: pending and committed results, FIFO order."""
-        entries = sorted([*self._pending, *self._committed], key=Entry.order)
-        return SenderInventory(
-            time=self._clock(),
-            items=tuple(
-                InventoryItem(e.ticket.cid, e.phase, e.ticket.item.payload_bytes, e.order()[0])
-                for e in entries
-            ),
-            q_b=self.q_b,
-            rate=self.rate,
-            overhead=FRAME_OVERHEAD,
-        )
+        return self._queues.inventory(self._clock(), self.rate)
 
     # ---- inputs
 
@@ -264,19 +177,15 @@ class Outbox:
         self.check_open()
         c = self.codec if codec is None else Codec.parse(codec)
         loop = asyncio.get_running_loop()
-        batch: list[Entry] = []
+        offered: list[tuple[Ticket, bytes]] = []
         seen: set[ContinuationId] = set()
         for item, payload in items:
-            if item.cid in self._by_cid or item.cid in seen:
+            if item.cid in self._queues or item.cid in seen:
                 raise OfferError(f"{item.cid.key()} is already pending or in flight")
             seen.add(item.cid)
             data = build_frame(item, payload, c, self.config.max_payload_bytes)
-            ticket = Ticket(item, loop.create_future(), loop.create_future())
-            batch.append(Entry(ticket, self._seq + len(batch), data))
-        self._seq += len(batch)
-        for e in batch:
-            bisect.insort(self._pending, e, key=Entry.order)
-            self._by_cid[e.ticket.cid] = e
+            offered.append((Ticket(item, loop.create_future(), loop.create_future()), data))
+        batch = self._queues.add(offered)
         self.counters["offers"] += len(batch)
         self._changed()
         self._pump()
@@ -289,10 +198,8 @@ class Outbox:
         The previous state's seq becomes ``state_seq_before``, so the policy's
         record checks (duplicate, order) see exactly what arrived.
         """
-        self._seq_before = self._state.seq if self._state is not None else -1
-        if state.seq <= self._seq_before:
+        if not self._calls.new_state(state):
             self.counters["states_out_of_order"] += 1
-        self._state = state
         self.counters["states"] += 1
         on_state = getattr(self.policy, "on_state", None)
         if on_state is None or self._call("on_state", on_state, state, self._clock()):
@@ -305,10 +212,10 @@ class Outbox:
 
     def cancel(self, cid: ContinuationId) -> bool:
         """Withdraw a pending (uncommitted) result; committed frames keep their place."""
-        e = self._by_cid.get(cid)
+        e = self._queues.get(cid)
         if e is None or e.phase is not Phase.PENDING:
             return False
-        self._pending.remove(e)
+        self._queues.remove(e)
         self._fail(e, Cancelled(f"{cid.key()} cancelled before commitment"))
         self.counters["cancelled"] += 1
         self._changed()
@@ -318,50 +225,30 @@ class Outbox:
 
     def _pump(self) -> None:
         """Commit while the window has room and results are pending."""
-        while (
-            not self.closed
-            and self.error is None
-            and self._pending
-            and len(self._committed) < self.window
-        ):
-            items = tuple(e.ticket.item for e in self._pending)
+        while not self.closed and self.error is None and self._queues.has_room():
+            items = self._queues.pending
             view = self.view()
             t = self._clock()
-            t0 = time.perf_counter()
             try:
-                choice = self.policy.choose(items, view, t)
+                choice = self._calls.choose(items, view, t)
             except Exception as exc:
-                self._broken("choose", exc)
+                self.stop(self._calls.broken("choose", exc))
                 return
-            finally:
-                self.decision_s += time.perf_counter() - t0
             self.counters["decisions"] += 1
             if choice is None:
                 self.counters["holds"] += 1  # asked again after the next event
                 return
-            e = self._by_cid.get(choice.cid)
+            e = self._queues.get(choice.cid)
             if e is None or e.phase is not Phase.PENDING or e.ticket.item != choice:
-                self.stop(
-                    PolicyError(
-                        f"policy {self._name()} chose {choice.cid.key()}, "
-                        "which is not a pending result"
-                    )
-                )
+                self.stop(self._calls.not_pending(choice))
                 return
             self._commit(e)
             if not self._call("on_commit", self.policy.on_commit, choice, e.ticket.s):
                 return
 
     def _commit(self, e: Entry) -> None:
-        self._pending.remove(e)
-        t = self._clock()
-        tk = e.ticket
-        e.phase, e.sent, e.tx, e.drops = Phase.COMMITTED, 0, 0, 0
-        tk.s = t
-        tk.commits += 1
-        if not tk.committed.done():
-            tk.committed.set_result(t)
-        self._committed.append(e)
+        self._queues.commit(e)
+        stamp_commit(e.ticket, self._clock())
         self.counters["commits"] += 1
         self._changed()
 
@@ -372,26 +259,15 @@ class Outbox:
         try:
             fn(*args)
         except Exception as exc:
-            self._broken(hook, exc)
+            self.stop(self._calls.broken(hook, exc))
             return False
         return True
-
-    def _broken(self, hook: str, exc: Exception) -> None:
-        err = PolicyError(f"policy {self._name()} failed in {hook}(): {exc!r}")
-        err.__cause__ = exc
-        self.stop(err)
-
-    def _name(self) -> str:
-        return str(getattr(self.policy, "name", type(self.policy).__name__))
 
     # ---- the wire (socket part only)
 
     def next_unsent(self) -> Entry | None:
         """The committed frame to put on the wire next (transport order)."""
-        for e in self._committed:
-            if e.sent < len(e.data):
-                return e
-        return None
+        return self._queues.next_unsent()
 
     def begin(self, e: Entry) -> int:
         """A transmission of ``e`` starts; returns the ticket's send number (1 = first)."""
@@ -411,7 +287,7 @@ class Outbox:
 
     def answer(self, msg: Control) -> bool:
         """The receiver's ack (window slot frees) or nack (back into F(t)); False if stray."""
-        e = self._by_cid.get(msg.cid)
+        e = self._queues.get(msg.cid)
         if (
             e is None
             or e.phase is not Phase.COMMITTED
@@ -420,14 +296,11 @@ class Outbox:
         ):
             self.counters["stray_control"] += 1
             return False
-        self._committed.remove(e)
         tk = e.ticket
         if msg.kind is Kind.ACK:
-            self._by_cid.pop(tk.cid)
+            self._queues.remove(e)
             e.phase = Phase.RECEIVED
-            tk.c = msg.c
-            if not tk.received.done():
-                tk.received.set_result(msg.c)
+            settle_received(tk, msg.c)
             self.counters["acks"] += 1
             if msg.reason is Reason.DUPLICATE:
                 self.counters["duplicate_acks"] += 1
@@ -436,11 +309,11 @@ class Outbox:
             tk.rejects += 1
             tk.reasons.append(msg.reason.name.lower())
             if tk.rejects > self.max_rejects:
+                self._queues.remove(e)
                 why = ", ".join(tk.reasons)
                 self._fail(e, FrameRejected(f"{tk.cid.key()} rejected {tk.rejects} times ({why})"))
             else:
-                e.phase = Phase.PENDING
-                bisect.insort(self._pending, e, key=Entry.order)
+                self._queues.requeue(e)
                 self.counters["requeues"] += 1
         self._changed()
         self._pump()
@@ -453,15 +326,12 @@ class Outbox:
         oldest unacknowledged frame if it had started; one charged
         ``max_drops`` times fails with :class:`SendFailed` and is returned.
         """
-        head = self._committed[0] if self._committed else None
-        started = head is not None and head.sent > 0
-        for e in self._committed:
-            e.sent = 0
+        head = self._queues.rewind()
         failed = None
-        if head is not None and started:
+        if head is not None:
             head.drops += 1
             if head.drops >= max_drops:
-                self._committed.popleft()
+                self._queues.remove(head)
                 cid = head.ticket.cid.key()
                 self._fail(head, SendFailed(f"{cid}: connection dropped {head.drops} times on it"))
                 failed = head
@@ -476,17 +346,17 @@ class Outbox:
         if self.error is not None:
             return
         self.error = err
-        self._fail_all(err)
+        for e in self._queues.drain():
+            self._fail(e, err)
+        self._changed()
         if self.on_stop is not None:
             self.on_stop(err)
 
     def close(self) -> None:
         """No more commitments; results not yet received fail with :class:`LinkClosed`."""
         self.closed = True
-        for e in [*self._pending, *self._committed]:
+        for e in self._queues.drain():
             self._fail(e, LinkClosed(f"link closed before {e.ticket.cid.key()} was received"))
-        self._pending.clear()
-        self._committed.clear()
         self._changed()
 
     def check_open(self) -> None:
@@ -495,32 +365,13 @@ class Outbox:
         if self.closed:
             raise LinkClosed("sender is closed")
 
-    def _fail_all(self, err: LinkError) -> None:
-        for e in [*self._pending, *self._committed]:
-            self._fail(e, err)
-        self._pending.clear()
-        self._committed.clear()
-        self._changed()
-
     def _fail(self, e: Entry, err: LinkError) -> None:
-        tk = e.ticket
-        tk.error = err
-        for fut in (tk.committed, tk.received):
-            if not fut.done():
-                fut.set_exception(err)
-                fut.add_done_callback(_consume)
-        self._by_cid.pop(tk.cid, None)
+        """Settle ``e``'s ticket with ``err`` (``e`` has already left the queues)."""
+        settle_failed(e.ticket, err)
         self.counters["failed"] += 1
 
     def _changed(self) -> None:
-        if self._pending or self._committed:
-            self.idle.clear()
-        else:
-            self.idle.set()
-        if self.next_unsent() is None:
-            self.unsent.clear()
-        else:
-            self.unsent.set()
+        self._queues.refresh()
         if self.on_inventory is not None:
             self.on_inventory(self.inventory())
 
@@ -531,40 +382,17 @@ class Outbox:
         out["decision_s"] = self.decision_s
         out["q_b"] = self.q_b
         out["in_flight"] = self.in_flight
-        out["pending"] = len(self._pending)
+        out["pending"] = len(self.pending)
         return out
 
     def sizes(self) -> dict[str, int]:
         """Per-result structures and their lengths (all 0 once every result is settled)."""
-        return {
-            "pending": len(self._pending),
-            "committed": len(self._committed),
-            "by_cid": len(self._by_cid),
-        }
+        return self._queues.sizes()
 
     def check_integrity(self) -> None:
         """Assert the invariants of the class docstring."""
-        pend, comm = self._pending, list(self._committed)
-        assert all(e.phase is Phase.PENDING for e in pend), "F(t) holds a non-pending entry"
-        assert all(e.phase is Phase.COMMITTED for e in comm), "committed holds a non-committed"
-        live = [*pend, *comm]
-        assert len({id(e) for e in live}) == len(live), "an entry is in both queues"
-        assert {e.ticket.cid: e for e in live} == self._by_cid, "by_cid != pending + committed"
-        assert all(self._by_cid[cid].ticket.cid == cid for cid in self._by_cid)
-        assert pend == sorted(pend, key=Entry.order), "F(t) is not in FIFO order"
-        assert len(comm) <= self.window, f"{len(comm)} in flight > window {self.window}"
-        assert all(0 <= e.sent <= len(e.data) for e in comm)
-        # Transport order: fully sent frames, at most one partly sent, then unsent ones.
-        stage = [0 if e.sent == len(e.data) else 1 if e.sent > 0 else 2 for e in comm]
-        assert stage == sorted(stage) and stage.count(1) <= 1, f"wire order broken: {stage}"
-        assert self.q_b == sum(len(e.data) - e.sent for e in comm) >= 0
-        for e in live:
-            tk = e.ticket
-            assert not tk.received.done() and tk.error is None, f"{tk.cid.key()} settled, kept"
-            assert (e in comm) <= tk.committed.done(), f"{tk.cid.key()} committed, not stamped"
-            assert tk.commits == 0 or tk.s is not None
-        assert self.idle.is_set() == (not live), "idle event disagrees"
-        assert self.unsent.is_set() == (self.next_unsent() is not None), "unsent event disagrees"
+        self._queues.check_integrity()
+        self._calls.check_integrity()
         if self.error is not None or self.closed:
-            assert not live, "a stopped outbox still holds results"
-        assert self.counters["commits"] >= len(comm)
+            assert not self._queues.live(), "a stopped outbox still holds results"
+        assert self.counters["commits"] >= self.in_flight

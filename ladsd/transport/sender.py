@@ -25,7 +25,8 @@ from ladsd.records import ContinuationId, EngineState, SenderInventory
 from ladsd.transport.control import nodelay, read_control
 from ladsd.transport.errors import ControlError, LinkDown, LinkError
 from ladsd.transport.frame import Codec, digest, encode_payload
-from ladsd.transport.outbox import OUTBOX_COUNTERS, Entry, Outbox, Ticket
+from ladsd.transport.outbox import OUTBOX_COUNTERS, Outbox
+from ladsd.transport.outbox_entries import Entry, Ticket
 from ladsd.transport.pacer import TokenBucket
 
 __all__ = ["SENDER_COUNTERS", "Fault", "Prepared", "Sender", "Ticket", "prepare"]

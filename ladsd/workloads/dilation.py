@@ -8,9 +8,9 @@ constant is multiplied by it.
 
 Contract:
 
-* ``d = kappa / kappa_ref(dtype)``: kappa (one 512-token step) measured by a probe
-  engine start (:func:`measure`), the reference of the dtype that engine ran
-  (:func:`ladsd.config.kappa_ref`); 1.0 where the profile has no reference.
+* ``d = kappa / kappa_ref(dtype)`` (:func:`of_kappa`): kappa (one 512-token step)
+  measured by a probe engine start (:func:`measure`), the reference of the dtype that
+  engine ran (:func:`ladsd.config.kappa_ref`); 1.0 where the profile has no reference.
 * A *pass* (``ladsd replay``, ``ladsd compare``, ``bench/paper_cpu.sh``'s five
   compares into one folder) measures ``d`` once at its start and gives it to
   every run (``runner.run(..., dilation=d)``); a compare keeps it in
@@ -18,7 +18,8 @@ Contract:
   workloads of the folder use the same ``d``. Each run still measures its own
   kappa at engine start, for its decisions and as a check in its file.
 * :func:`dilated` scales, on the profile: the link rate (/ d), the lease
-  lifetime ``l``, the lease tick, the record age and HEAR's guard ``W`` (x d);
+  lifetime ``l``, the lease tick, the record age and HEAR's guard ``W`` (x d),
+  applied once, where the runtime is built (``open_runtime(..., dilation=d)``);
   :func:`dilated_workload` on the workload instance: arrivals, tool-service
   times, the cohort gap and the cohort timeout (x d) and a workload's own link
   rate (/ d). Token quantities and counts do not change.
@@ -96,6 +97,13 @@ def has_reference(profile: Profile) -> bool:
     return profile.kappa_ref_s is not None or profile.kappa_ref_float32_s is not None
 
 
+def of_kappa(profile: Profile, kappa: float, dtype: str) -> float:
+    """``kappa / kappa_ref(dtype)``: how much slower an engine that runs ``dtype`` and
+    measured ``kappa`` is than at calibration (1.0 without a reference for ``dtype``)."""
+    ref = kappa_ref(profile, dtype)
+    return kappa / ref if ref and kappa > 0 else 1.0
+
+
 async def measure(profile: Profile) -> PassDilation:
     """The pass's dilation: one probe engine start of ``profile``'s engine measures kappa.
 
@@ -111,7 +119,7 @@ async def measure(profile: Profile) -> PassDilation:
     async with EngineThread(profile.engine, lease) as eng:
         kappa, dtype = eng.kappa, eng.dtype
     ref = kappa_ref(profile, dtype)
-    d = kappa / ref if ref and kappa > 0 else 1.0
+    d = of_kappa(profile, kappa, dtype)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return PassDilation(
         d, "measured" if ref else "none", kappa, ref, dtype, profile.name,

@@ -100,16 +100,18 @@ def plan(
 def config(prof: Profile, workload: str, seed: int, flags: Mapping[str, Any]) -> dict[str, Any]:
     """What a run is made from (its file must match it to be reused).
 
-    The peers' knobs are recorded only when the profile changes them, so run
-    files made before they existed still match on resume.
+    Each peer knob is recorded only when the profile changes it, so run files
+    made before it existed still match on resume.
     """
     p = asdict(prof)
     p.pop("extra", None)
     # It only sets a pass's dilation, which the pass checks on every file itself
     # (cli compare): files made before it existed still re-render.
     p.pop("kappa_ref_float32_s", None)
-    if prof.peers == PeerConfig():
-        p.pop("peers", None)
+    default = asdict(PeerConfig())
+    peers = {k: v for k, v in p.pop("peers").items() if v != default[k]}
+    if peers:
+        p["peers"] = peers
     return {"profile": p, "workload": workload, "seed": seed, "flags": dict(flags)}
 
 

@@ -16,9 +16,10 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import replace
 from typing import Any
 
-from ladsd import clock
+from ladsd import clock, sizing
+from ladsd.audit import check_refs
 from ladsd.config import Profile, kappa_ref
-from ladsd.delivery.registry import PAPER, RunName, unbounded_pool
+from ladsd.delivery.registry import PAPER, RunName
 from ladsd.engine import cpu
 from ladsd.engine.params import forced
 from ladsd.metrics.events import (
@@ -29,9 +30,9 @@ from ladsd.metrics.events import (
     new_counters,
 )
 from ladsd.records import ContinuationId
-from ladsd.runtime import CallOutcome, Runtime, engine_for, open_runtime
+from ladsd.runtime import CallOutcome, Runtime
+from ladsd.wiring import open_runtime
 from ladsd.workloads import dilation as dil
-from ladsd.workloads import sizing
 from ladsd.workloads.cohort import Cohorts
 from ladsd.workloads.spec import WorkflowSpec, Workload
 
@@ -104,24 +105,22 @@ async def run(
     """
     name = RunName.parse(policy_name)
     delivery, engine_policy = name.delivery, name.engine
-    prof = engine_for(profile, delivery, engine_policy)
-    if prof.pool_rule and not unbounded_pool(delivery):
-        prof = sizing.sized(prof, workload, tool_tokens(prof.engine.model))
+    prof = sizing.for_run(profile, delivery, engine_policy, workload, tool_tokens)
     pd = dilation or await dil.measure(prof)
-    # The dilation is applied here, before the engine starts (its lease lifetime and
-    # tick are the engine's); without a reference open_runtime applies none again.
-    slow = dil.dilated(prof, pd.dilation)
-    slow = replace(slow, kappa_ref_s=None, kappa_ref_float32_s=None)
+    # open_runtime plays the profile and the link d times slower before the engine
+    # starts (l and the tick are the engine's); the workload instance is slowed here.
     wl = dil.dilated_workload(workload, pd.dilation)
-    link = slow.link
-    if wl.rate_bytes_per_s is not None:
-        link = replace(link, rate_bytes_per_s=wl.rate_bytes_per_s)
-    link = replace(link, codec=wl.codec)
+    link = replace(prof.link, codec=workload.codec)
+    if workload.rate_bytes_per_s is not None:  # the workload's own link rate
+        link = replace(link, rate_bytes_per_s=workload.rate_bytes_per_s)
     rt: Runtime | None = None
     try:
-        async with open_runtime(slow, delivery, link=link, engine_policy=engine_policy) as rt:
+        async with open_runtime(
+            prof, delivery, link=link, engine_policy=engine_policy, dilation=pd.dilation
+        ) as rt:
             rec = await _run(wl, prof, policy_name, rt, progress)
             parts = {"delivery_policy": delivery, "engine_policy": engine_policy.value}
+            slow = dil.dilated(prof, pd.dilation)
             timing = _dilation_meta(pd, rt, prof, dil.time_constants(slow, wl))
             own = {"inputs": inputs_dict(workload)}  # as built, before the dilation
             return replace(rec, meta={**rec.meta, **parts, **timing, **own, **(meta or {})})
@@ -195,8 +194,7 @@ async def _run(
     counters = _counters(rt, audit, flows, cpu0)
     counters["partial_cohort_releases"] = cohorts.partial_releases
     samples = tuple(LeaseSample(t - t0, U, B, C, F) for t, U, B, C, F in rt.timeline.samples)
-    if counters["refs_added"] != counters["refs_released"]:
-        raise RunFailed(f"lease audit failed: {audit}")
+    check_refs(counters["refs_added"], counters["refs_released"], what="lease references")
     return RunRecord(
         policy=policy_name,
         workload=wl.name,
@@ -266,6 +264,8 @@ def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: float) -> dict[str, 
     out["fallbacks"] = pol.get("fallback", 0)
     # Which validity rule each fallback broke (fallback_stale, fallback_duplicate, ...).
     out.update({k: v for k, v in pol.items() if k.startswith("fallback_")})
+    # lads-adaptive's own rules (absent elsewhere, so other run files stay as they were).
+    out.update({k: pol[k] for k in ("progress", "stood_down") if k in pol})
     link = rt.sender.stats()
     out["control_bytes"] = rt.control_bytes()
     out["controller_cpu_s"] = rt.controller_cpu_s() - cpu0

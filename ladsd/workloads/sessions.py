@@ -1,6 +1,6 @@
 """A session workload from the cc-traces (issue 21): real coding-agent sessions, synthetic text.
 
-Each selected conversation is one :class:`Session`; each of its model requests
+Each selected conversation is one :class:`SessionSpec`; each of its model requests
 is one :class:`Turn`; each subagent is a session of its own.
 
 Kept from the trace:
@@ -92,7 +92,9 @@ class Turn:
 
 
 @dataclass(frozen=True)
-class Session:
+class SessionSpec:
+    """One conversation (or subagent) to replay: its turns and when it arrives."""
+
     sid: str  # the conversation id, or "id/agent_id" for a subagent
     conversation: str
     arrival: float  # seconds after the workload's start
@@ -106,7 +108,7 @@ class SessionWorkload:
     name: str
     seed: int
     params: SessionParams
-    sessions: tuple[Session, ...]  # by arrival, then sid
+    sessions: tuple[SessionSpec, ...]  # by arrival, then sid
     commit: str | None = field(default=None)  # the traces' pinned commit, if known
 
 
@@ -163,10 +165,10 @@ def fits(conv: Conversation, p: SessionParams) -> bool:
     return len(_Synth(conv, p).turns(conv.requests[: p.min_turns])) >= p.min_turns
 
 
-def sessions_of(conv: Conversation, p: SessionParams, arrival: float) -> list[Session]:
+def sessions_of(conv: Conversation, p: SessionParams, arrival: float) -> list[SessionSpec]:
     """The conversation's session and its subagents' (those its kept turns reach)."""
     synth = _Synth(conv, p)
-    main = Session(conv.id, conv.id, arrival, synth.turns(conv.requests))
+    main = SessionSpec(conv.id, conv.id, arrival, synth.turns(conv.requests))
     out = [main]
     for sub in conv.subagents:
         turns = synth.turns(sub.requests)
@@ -174,7 +176,7 @@ def sessions_of(conv: Conversation, p: SessionParams, arrival: float) -> list[Se
             continue  # the parent ended first, or its first turn does not fit
         sid = f"{conv.id}/{sub.agent_id}"
         start = arrival + sub.t * p.time_factor
-        out.append(Session(sid, conv.id, start, turns, conv.id, sub.after))
+        out.append(SessionSpec(sid, conv.id, start, turns, conv.id, sub.after))
     return out
 
 
@@ -197,7 +199,7 @@ def build(
         )
     rng = random.Random(f"sessions/{seed}")
     chosen = rng.sample(pool, p.sessions)  # a sample is in random order
-    out: list[Session] = []
+    out: list[SessionSpec] = []
     for i, conv in enumerate(chosen):
         out += sessions_of(conv, p, i * p.stagger_s)
     out.sort(key=lambda s: (s.arrival, s.sid))

@@ -1,6 +1,6 @@
 """Captured agent traces: versioned JSONL (see traces/README.md).
 
-Line 1 is a :class:`TraceHeader`; then one line per :class:`WorkflowRecord`.
+Line 1 is a :class:`TraceHeader`; then one line per :class:`TraceWorkflow`.
 A continuation's prompt is stored as the ids it *adds* to the previous call's
 prompt + output, so every history is a token-exact extension of the one
 before by construction (what the engine's prefix cache needs). Observations
@@ -75,7 +75,7 @@ class Observation:
 
 
 @dataclass(frozen=True)
-class CallRecord:
+class TraceCall:
     """One model call. Call 0 is cold; call k > 0 resumes with ``observation``,
     the result of call ``depends_on``'s action."""
 
@@ -93,7 +93,7 @@ class CallRecord:
 
 
 @dataclass(frozen=True)
-class WorkflowRecord:
+class TraceWorkflow:
     workflow: str
     task_id: str
     product_ids: tuple[int, ...]
@@ -101,7 +101,7 @@ class WorkflowRecord:
     end: float
     termination: str  # finish | step_limit | context_limit | error
     answer: str | None
-    calls: tuple[CallRecord, ...]
+    calls: tuple[TraceCall, ...]
     error: str | None = None
 
 
@@ -126,7 +126,7 @@ class TraceHeader:
 @dataclass(frozen=True)
 class Trace:
     header: TraceHeader
-    workflows: tuple[WorkflowRecord, ...]
+    workflows: tuple[TraceWorkflow, ...]
 
 
 # ---- writing ---------------------------------------------------------------
@@ -160,7 +160,7 @@ def _action(a: Action) -> dict[str, Any]:
     }
 
 
-def _call(c: CallRecord, prev: CallRecord | None, where: str) -> dict[str, Any]:
+def _call(c: TraceCall, prev: TraceCall | None, where: str) -> dict[str, Any]:
     d: dict[str, Any] = {"turn": c.turn, "depends_on": c.depends_on}
     d["observation"] = _obs(c.observation)
     if prev is None:
@@ -184,7 +184,7 @@ def _call(c: CallRecord, prev: CallRecord | None, where: str) -> dict[str, Any]:
     return d
 
 
-def workflow_dict(w: WorkflowRecord) -> dict[str, Any]:
+def workflow_dict(w: TraceWorkflow) -> dict[str, Any]:
     where = f"workflow {w.workflow}:"
     calls, prev = [], None
     for c in w.calls:
@@ -346,7 +346,7 @@ def _parse_times(v: Any, w: _Where) -> Stamps:
     return Stamps(**{k: None if x is None else float(x) for k, x in vals.items()})
 
 
-def _parse_call(v: Any, turn: int, prev: CallRecord | None, w: _Where) -> CallRecord:
+def _parse_call(v: Any, turn: int, prev: TraceCall | None, w: _Where) -> TraceCall:
     d = _obj(v, w)
     if _get(d, "turn", int, w) != turn:
         raise w.at("turn").fail(f"expected {turn}")
@@ -371,7 +371,7 @@ def _parse_call(v: Any, turn: int, prev: CallRecord | None, w: _Where) -> CallRe
     }
     if not offered or not all(a in ACTIONS and a != "invalid" for a in offered):
         raise w.at("offered").fail(f"expected offered actions, got {list(offered)}")
-    return CallRecord(
+    return TraceCall(
         turn=turn,
         depends_on=dep,
         observation=obs,
@@ -386,7 +386,7 @@ def _parse_call(v: Any, turn: int, prev: CallRecord | None, w: _Where) -> CallRe
     )
 
 
-def _parse_workflow(d: Mapping[str, Any], w: _Where) -> WorkflowRecord:
+def _parse_workflow(d: Mapping[str, Any], w: _Where) -> TraceWorkflow:
     term = _get(d, "termination", str, w)
     if term not in TERMINATIONS:
         raise w.at("termination").fail(f"unknown termination {term!r}")
@@ -396,10 +396,10 @@ def _parse_workflow(d: Mapping[str, Any], w: _Where) -> WorkflowRecord:
     raw = _get(d, "calls", list, w)
     if not raw:
         raise w.at("calls").fail("a workflow has at least its cold call")
-    calls: list[CallRecord] = []
+    calls: list[TraceCall] = []
     for k, c in enumerate(raw):
         calls.append(_parse_call(c, k, calls[-1] if calls else None, w.at("calls").at(k)))
-    return WorkflowRecord(
+    return TraceWorkflow(
         workflow=_get(d, "workflow", str, w),
         task_id=_get(d, "task_id", str, w),
         product_ids=tuple(pids),
@@ -432,7 +432,7 @@ def loads(data: bytes, where: str = "trace") -> Trace:
 
 def _loads(data: bytes) -> Trace:
     header: TraceHeader | None = None
-    flows: list[WorkflowRecord] = []
+    flows: list[TraceWorkflow] = []
     seen: set[str] = set()
     for k, line in _lines(data):
         w = _Where(k)

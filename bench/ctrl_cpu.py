@@ -1,0 +1,156 @@
+"""Controller CPU, LADS against FIFO: ``ctrl CPU s`` per run, their ratio and the A/A floor.
+
+``ctrl CPU s`` (``controller_cpu_s`` of a run file) is the sender's time inside
+``policy.choose`` plus the engine thread's CPU in lease commands, queries and
+ticks (``Runtime.controller_cpu_s``). Each run is one ``ladsd replay`` process,
+as the tables' runs are. Repeat 1 runs FIFO then LADS, repeat 2 the reverse
+(rotation); a policy's repeats are its A/A pair. One dilation for the pass: the
+first run measures it, every later run is given it (``--dilation``). Prints one
+line per run, the LADS/FIFO ratio of the means, the A/A ratios and the wall
+time; ``--json`` writes the commit, argv, CPU model and flags (``result_head``)
+with every run's dtype, dilation and decision counters. Measures; never asserts.
+Run it alone on the machine: other load moves CPU seconds.
+
+    .venv/bin/python bench/ctrl_cpu.py --profile smoke
+    .venv/bin/python bench/ctrl_cpu.py --profile cpu --workload controlled --json /tmp/ctrl.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, result_head  # noqa: E402
+
+POLICIES = ("fifo", "lads")
+# Decision counters kept per run: the same choices show as the same counts.
+COUNTERS = (
+    "controller_cpu_s",
+    "evaluations",
+    "grants",
+    "denials",
+    "headroom_refusals",
+    "handoffs",
+    "revocations",
+    "promotions",
+    "fallbacks",
+    "link_frames",
+)
+
+
+def order(repeat: int) -> tuple[str, ...]:
+    """Repeat 1 in the listed order, repeat 2 reversed, and so on."""
+    return POLICIES if repeat % 2 else POLICIES[::-1]
+
+
+def ladsd() -> list[str]:
+    exe = Path(sys.executable).with_name("ladsd")
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-c", "from cli.main import main; main()"]
+
+
+def replay(policy: str, a: argparse.Namespace, dilation: float | None, tmp: Path) -> dict:
+    """One ``ladsd replay`` run; its run record (a dict) and the process wall time."""
+    out = tmp / f"{policy}-{time.monotonic_ns()}.json"
+    cmd = [*ladsd(), "replay", "--policy", policy, "--profile", a.profile]
+    cmd += ["--workload", a.workload, "--seeds", str(a.seed), "--json", str(out)]
+    if a.dtype:
+        cmd += ["--dtype", a.dtype]
+    if dilation is not None:
+        cmd += ["--dilation", repr(dilation)]
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{(p.stdout + p.stderr)[-2000:]}")
+    (rec,) = orjson.loads(out.read_bytes())
+    rec["wall_s"] = wall
+    return rec
+
+
+def row(policy: str, repeat: int, rec: dict) -> dict[str, Any]:
+    meta, c = rec["meta"], rec["counters"]
+    return {
+        "policy": policy,
+        "repeat": repeat,
+        "dtype": meta.get("dtype"),
+        "dilation": meta.get("dilation"),
+        "kappa_s": meta.get("kappa_s"),
+        "wall_s": rec["wall_s"],
+        **{k: c.get(k, 0) for k in COUNTERS},
+    }
+
+
+def ratio(x: float, y: float) -> float:
+    return x / y if y > 0 else float("nan")
+
+
+def report(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """LADS/FIFO of the mean ctrl CPU, and each policy's A/A (repeat 2 / repeat 1)."""
+    cpu = {p: [r["controller_cpu_s"] for r in rows if r["policy"] == p] for p in POLICIES}
+    out = {"lads_over_fifo": ratio(statistics.mean(cpu["lads"]), statistics.mean(cpu["fifo"]))}
+    for p, xs in cpu.items():
+        if len(xs) >= 2:
+            out[f"aa_{p}"] = ratio(xs[1], xs[0])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--profile", default="smoke", help="ladsd profile (smoke, cpu, ...)")
+    ap.add_argument("--workload", default="controlled")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2, help="runs per policy (A/A: >= 2)")
+    ap.add_argument("--dtype", default=None, help="engine dtype [default: the profile's]")
+    ap.add_argument("--dilation", type=float, default=None, help="[default: measured once]")
+    ap.add_argument("--json", type=Path, default=None, help="write the result here")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    dilation = a.dilation
+    with tempfile.TemporaryDirectory(prefix="ctrl-cpu-") as tmp:
+        for rep in range(1, a.repeats + 1):
+            for pol in order(rep):
+                rec = replay(pol, a, dilation, Path(tmp))
+                dilation = rec["meta"].get("dilation", dilation) if dilation is None else dilation
+                rows.append(row(pol, rep, rec))
+                r = rows[-1]
+                print(
+                    f"{pol:5s} r{rep}: ctrl CPU {r['controller_cpu_s']:.3f} s, "
+                    f"{r['evaluations']:.0f} evaluations, {r['grants']:.0f} grants, "
+                    f"{r['promotions']} promotions (run {r['wall_s']:.0f} s)",
+                    flush=True,
+                )
+    res = report(rows)
+    wall = time.perf_counter() - t0
+    aa = ", ".join(f"{p} {res[f'aa_{p}']:.2f}" for p in POLICIES if f"aa_{p}" in res)
+    print(f"LADS / FIFO ctrl CPU: {res['lads_over_fifo']:.2f}x (A/A: {aa or 'n/a'})")
+    print(f"wall time {wall:.0f} s")
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    doc = result_head("ctrl_cpu", stamp) | {
+        "profile": a.profile,
+        "flags": {"workload": a.workload, "seed": a.seed, "repeats": a.repeats, "dtype": a.dtype},
+        "dilation": dilation,
+        "runs": rows,
+        **res,
+        "wall_s": wall,
+    }
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+        print(f"wrote {a.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""LADS adaptive (ours, issue 23): the spec's LADS plus three rules.
+
+``lads`` stays the paper's mechanism, unchanged; ``lads-adaptive`` is the same
+leases, budget, turnover priority and bounded intervention, plus:
+
+1. **Regime-aware override** (:func:`regime_override`): the spec's condition
+   (``U >= theta * C`` or a fresh denial) acts while the recent failed grants
+   are budget denials and stands down while they are headroom refusals: a
+   handoff returns quota (``U``) but frees no block (``F``), so a promotion
+   cannot help a history the headroom rule refused.
+2. **Progress in the base order** (:func:`progress_first`): among frames
+   near-equal under Cache-first's key, the workflow further along (more
+   reusable blocks, then older arrival) goes first. Near-equal: frame sizes
+   within one KV block of observation tokens (:class:`BytesPerToken`; the
+   derivation from the committed runs is in docs/design-decisions.md).
+3. **Soft protection** (engine side, ``Retention.LADS_SESSION``): the waiting
+   histories no lease holds get HEAR session's free-queue order (evicted
+   last), at no budget cost (:mod:`ladsd.engine.lease_sessions`).
+
+Counters (at commit): ``stood_down`` (the spec would have acted, the headroom
+regime held it back), ``progress`` (the progress rule moved the base choice
+off Cache-first's), and LADS's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ladsd.delivery.cache_first import cache_first, cache_key
+from ladsd.delivery.lads import INACTIVE, Active, BaseOrder, Decision, Lads, override_active
+from ladsd.delivery.policy import Pending, SenderView
+from ladsd.modes import Retention
+from ladsd.records import ContinuationId, DenialEvent, EngineState, RefusalEvent
+
+HISTORY_CAP = 4096  # workflows whose history length is remembered (bounded memory)
+
+
+def failed_grants(state: EngineState, now: float, max_age_s: float) -> tuple[int, int]:
+    """(budget denials, headroom refusals) that are recent (ours).
+
+    Recent: the record-age rule of spec 3.4, as for a fresh denial: of the
+    current generation and at most ``max_age_s`` old.
+    """
+
+    def recent(events: Sequence[DenialEvent | RefusalEvent]) -> int:
+        g = state.generation
+        return sum(1 for e in events if e.generation == g and -1e-6 <= now - e.time <= max_age_s)
+
+    return recent(state.denials), recent(state.refusals)
+
+
+def headroom_regime(state: EngineState, now: float, max_age_s: float) -> bool:
+    """Recent failed grants are mostly headroom refusals (ours): more refusals than denials."""
+    denials, refusals = failed_grants(state, now, max_age_s)
+    return refusals > denials
+
+
+def regime_override(state: EngineState, now: float, theta: float, max_age_s: float) -> bool:
+    """Rule 1 (ours): the spec's override condition, except in a headroom regime.
+
+    Acts on ``U >= theta * C`` (or a fresh denial) while the recent failed
+    grants are budget denials (or there are none); stands down while they are
+    headroom refusals, since a handoff returns quota but frees no blocks.
+    """
+    if headroom_regime(state, now, max_age_s):
+        return False
+    return override_active(state, now, theta, max_age_s)
+
+
+def progress_key(item: Pending, resident: Mapping[ContinuationId, int]) -> tuple:
+    """Further along first (ours): more reusable blocks, older workflow, then ``k_i``."""
+    return (-resident.get(item.cid, 0), item.workflow_arrival, cache_key(item, resident))
+
+
+def progress_first(
+    pending: Sequence[Pending], resident: Mapping[ContinuationId, int], band_bytes: float
+) -> Pending:
+    """Rule 2 (ours): Cache-first's choice, or a near-equal frame further along.
+
+    Near-equal to the Cache-first choice ``b``: as cold (or as resident) as
+    ``b`` and a frame less than ``band_bytes`` larger (``b`` is the smallest
+    of its class). Among those, :func:`progress_key` decides. ``band_bytes <=
+    0`` is Cache-first itself.
+    """
+    base = cache_first(pending, resident)
+    if band_bytes <= 0:
+        return base
+    cold = resident.get(base.cid, 0) <= 0
+    near = [
+        it
+        for it in pending
+        if (resident.get(it.cid, 0) <= 0) == cold and it.frame_bytes - base.frame_bytes < band_bytes
+    ]
+    return min(near, key=lambda it: progress_key(it, resident))
+
+
+class BytesPerToken:
+    """Payload bytes per observation token, measured causally from the sender's own commits.
+
+    A continuation's observation is its prompt less the previous call's
+    prompt and output (``on_commit`` gives the prompt, ``on_complete`` the
+    output); the estimate pools every such pair seen (ours). 0 until one is.
+    """
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.tokens = 0
+        self.sent: dict[str, int] = {}  # workflow -> prompt tokens of its committed call
+        self.history: dict[str, int] = {}  # workflow -> prompt + output of its last call
+
+    def commit(self, item: Pending) -> None:
+        w = item.cid.workflow
+        before = self.history.pop(w, None)
+        obs = item.prompt_tokens - before if before is not None else 0
+        if obs > 0 and item.payload_bytes > 0:
+            self.bytes += item.payload_bytes
+            self.tokens += obs
+        self.sent[w] = item.prompt_tokens
+        self._bound(self.sent)
+
+    def complete(self, cid: ContinuationId, output_tokens: int) -> None:
+        prompt = self.sent.pop(cid.workflow, None)
+        if prompt is not None:
+            self.history[cid.workflow] = prompt + output_tokens
+            self._bound(self.history)
+
+    def per_token(self) -> float:
+        return self.bytes / self.tokens if self.tokens else 0.0
+
+    @staticmethod
+    def _bound(d: dict[str, int]) -> None:
+        while len(d) > HISTORY_CAP:  # the oldest entry goes (insertion order)
+            del d[next(iter(d))]
+
+
+@dataclass(frozen=True)
+class AdaptiveDecision(Decision):
+    moved: bool = False  # the progress rule moved the base choice off Cache-first's
+    stood_down: bool = False  # the spec's override would have acted; the regime rule did not
+
+
+class LadsAdaptive(Lads):
+    """LADS + regime-aware override + progress in the base order + soft protection (ours)."""
+
+    name = "lads-adaptive"
+    retention = Retention.LADS_SESSION
+
+    def __init__(
+        self, *, theta: float = 0.75, max_age_s: float = 1.0, uses_leases: bool | None = None
+    ) -> None:
+        super().__init__(theta=theta, max_age_s=max_age_s, uses_leases=uses_leases)
+        self.bpt = BytesPerToken()
+
+    def band_bytes(self, view: SenderView) -> float:
+        """One KV block of observation tokens in payload bytes (0: nothing measured yet)."""
+        bs = 0 if view.state is None else view.state.block_size
+        return bs * self.bpt.per_token()
+
+    def base_order(self, view: SenderView) -> BaseOrder:
+        band = self.band_bytes(view)
+        return lambda pending, resident: progress_first(pending, resident, band)
+
+    def override_rule(self) -> Active | None:
+        theta, age = self.theta, self.max_age_s
+        return lambda state, now: regime_override(state, now, theta, age)
+
+    def decide(self, pending: Sequence[Pending], view: SenderView, now: float) -> Decision:
+        d = super().decide(pending, view, now)
+        st = view.state
+        moved = d.base.cid != cache_first(pending, self.index(st).resident).cid
+        stood = (
+            d.reason == INACTIVE
+            and st is not None
+            and override_active(st, now, self.theta, self.max_age_s)
+        )
+        return AdaptiveDecision(d.choice, d.base, d.reason, d.invalid, moved, stood)
+
+    def on_commit(self, item: Pending, now: float) -> None:
+        d = self._preview
+        super().on_commit(item, now)
+        self.bpt.commit(item)
+        if isinstance(d, AdaptiveDecision) and d.choice.cid == item.cid:
+            self.counts["progress"] += int(d.moved)
+            self.counts["stood_down"] += int(d.stood_down)
+
+    def on_complete(self, cid: ContinuationId, output_tokens: int, now: float) -> None:
+        super().on_complete(cid, output_tokens, now)
+        self.bpt.complete(cid, output_tokens)
+
+    def stats(self) -> dict[str, int]:
+        return {"progress": 0, "stood_down": 0, **super().stats()}
+
+
+__all__ = [
+    "BytesPerToken",
+    "LadsAdaptive",
+    "failed_grants",
+    "headroom_regime",
+    "progress_first",
+    "progress_key",
+    "regime_override",
+]

@@ -1,0 +1,137 @@
+"""HEAR session-aware retention on vLLM's real Scheduler / KVCacheManager (no model).
+
+The eviction order ``r = p * exp(-idle / 400 s)`` is imposed on vLLM's free
+queue with no references; ``p`` comes from completed workflows only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ladsd import testing
+from ladsd.clock import ManualClock
+from ladsd.config import LeaseConfig
+from ladsd.continuation import ContinuationEstimate
+from ladsd.engine.lease_sessions import retention_priority
+from ladsd.engine.sched_leases import LeaseScheduler
+from ladsd.modes import Retention
+from ladsd.records import ContinuationId
+from tests.rigs.leases import BS, Rig, cont, toks
+
+A = ContinuationId("wa", 1)
+B = ContinuationId("wb", 1)
+
+
+def session_rig(num_blocks: int = 64) -> Rig:
+    s = testing.make_scheduler(LeaseScheduler, num_blocks=num_blocks, block_size=BS)
+    clk = ManualClock(1000.0)
+    s.lease_setup(LeaseConfig(enabled=False), 0.0, clk, retention=Retention.SESSION)
+    return Rig(s, clk, payload=300)
+
+
+def ids(blocks: list) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def test_eviction_order_follows_r_and_foreign_blocks_go_first() -> None:
+    r = session_rig()
+    ha, hb, hf = toks(1, 8), toks(2, 8), toks(3, 8)
+    r.run(ha)  # wa's last request ends at 1000
+    r.clk.t = 1100.0
+    r.run(hb)  # wb's at 1100
+    r.clk.t = 1150.0
+    r.run(hf)  # no session waits for this history (foreign), freed last: LRU would keep it
+    r.clk.t = 1200.0
+    r.notice(A, ha, continuation_p=0.9)  # r = 0.9 * exp(-200 / 400) = 0.546
+    r.notice(B, hb, continuation_p=0.5)  # r = 0.5 * exp(-100 / 400) = 0.389: evicted first
+    sa, sb = r.book.sessions.entries["wa"], r.book.sessions.entries["wb"]
+    assert r.book.sizes()["sessions"] == 2
+    assert (sa.ended_at, sb.ended_at) == (1000.0, 1100.0)  # engine-side: the free stamps
+    assert sa.r(1200.0) == pytest.approx(0.9 * math.exp(-0.5))
+    assert sb.r(1200.0) == pytest.approx(0.5 * math.exp(-0.25))
+    a_blocks, b_blocks = list(sa.blocks), list(sb.blocks)
+    r.step()  # schedule() entry reorders the free queue
+    r.ok()
+    queue = ids(r.pool.free_block_queue.get_all_free_blocks())
+    # Front = evicted first: every other free block, then B tail -> head, then A tail -> head.
+    assert queue[-16:] == ids(b_blocks[::-1]) + ids(a_blocks[::-1])
+    n = r.book.counters["session_reorders"]
+    r.step()  # nothing freed, nobody entered: no reorder
+    assert r.book.counters["session_reorders"] == n
+    # A flood that needs all but 6 free blocks: foreign ones go, then B, then A's tail.
+    assert r.pool.get_num_free_blocks() == 63
+    flood = r.add(toks(9, 56), max_tokens=2)  # 56 + 1 blocks
+    r.until(flood.is_finished)
+    assert r.s.lease_resident(hf) == 0 and r.s.lease_resident(hb) == 0
+    assert 0 < r.s.lease_resident(ha) < 8  # A's head survives (its tail went first)
+    # The resumed requests: a prefix hit for the high-r session, a miss for the low-r one.
+    kept = r.s.lease_resident(ha)
+    ca, cb = r.add(cont(ha)), r.add(cont(hb))
+    r.s.lease_bind(A, ca.request_id)
+    r.s.lease_bind(B, cb.request_id)
+    out = r.step()
+    cached = {d.req_id: d.num_computed_tokens for d in out.scheduled_new_reqs}
+    assert cached == {ca.request_id: kept * BS, cb.request_id: 0}
+    assert "sessions" not in r.book.sizes() and "session_reqs" not in r.book.sizes()
+    r.until(lambda: ca.is_finished() and cb.is_finished())
+    r.s.lease_release_all()
+    audit = r.s.lease_audit()
+    assert audit["refs_added"] == audit["refs_released"] == 0  # no references at all
+
+
+def test_plain_lru_would_evict_the_oldest_session_first() -> None:
+    # The control: the same history under NONE keeps vLLM's LRU (A, freed first, goes first).
+    s = testing.make_scheduler(LeaseScheduler, num_blocks=64, block_size=BS)
+    clk = ManualClock(1000.0)
+    s.lease_setup(LeaseConfig(enabled=False), 0.0, clk, retention=Retention.NONE)
+    r = Rig(s, clk)
+    ha, hb = toks(1, 8), toks(2, 8)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha)
+    r.notice(B, hb)
+    r.step()
+    queue = ids(r.pool.free_block_queue.get_all_free_blocks())
+    a_pos = [queue.index(b.block_id) for b in s.lease_book.cands.pending[A].resident[0]]
+    b_pos = [queue.index(b.block_id) for b in s.lease_book.cands.pending[B].resident[0]]
+    assert max(a_pos) < min(b_pos)
+    assert "sessions" not in s.lease_book.sizes()
+
+
+def test_sessions_leave_on_cancel_and_a_shared_block_takes_the_highest_r() -> None:
+    r = session_rig()
+    shared = toks(1, 3)
+    ha, hb = shared + toks(2, 3), shared + toks(3, 3)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, continuation_p=0.2)
+    r.notice(B, hb, continuation_p=0.8)  # same idle: B's r is higher
+    order = r.book.sessions.order(r.clk())
+    sa, sb = r.book.sessions.entries["wa"], r.book.sessions.entries["wb"]
+    # A's own tail, then B's tail, then the shared head (B's, the highest r), head last.
+    assert ids(order) == ids(sa.blocks[3:][::-1]) + ids(sb.blocks[::-1])
+    r.s.lease_cancel(B)
+    r.ok()
+    assert list(r.book.sessions.entries) == ["wa"]
+    assert ids(r.book.sessions.order(r.clk())) == ids(sa.blocks[::-1])
+    r.s.lease_release_all()
+    assert "sessions" not in r.book.sizes()
+    assert r.s.lease_audit()["refs_added"] == 0
+
+
+def test_continuation_probability_from_completed_workflows_only() -> None:
+    est = ContinuationEstimate()
+    assert est.p(1) == est.p(5) == 0.5  # the prior: nothing completed yet
+    for calls in (2, 3, 3):  # three completed workflows (model calls, the cold one included)
+        est.end(calls)
+    assert est.p(1) == pytest.approx(4 / 5)  # all 3 made more than 1 call
+    assert est.p(2) == pytest.approx(3 / 5)  # 2 of the 3 that made 2 calls made more
+    assert est.p(3) == pytest.approx(1 / 4)  # none of the 2 that made 3 made more
+    assert est.p(4) == 0.5  # nobody made 4: the prior
+    with pytest.raises(ValueError):
+        est.end(0)
+    assert retention_priority(1.0, 400.0) == pytest.approx(math.exp(-1))
+    with pytest.raises(ValueError):
+        retention_priority(1.5, 0.0)
