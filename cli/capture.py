@@ -22,6 +22,7 @@ from rich.table import Table
 from cli.replay import dtype_option, parse_dtype
 from ladsd import clock, logs
 from ladsd.workloads import trace as tr
+from ladsd.workloads import trace_write
 from ladsd.workloads.trace import Trace, TraceCall, TraceWorkflow
 from web_catalog.db import open_catalog
 from web_catalog.tasks import TASKS_PATH, Task
@@ -78,7 +79,7 @@ async def capture_tasks(
             else:
                 trace = await _with_progress(backend, tasks, db, cfg, seed, tasks_file, show)
             wall = clock.now() - t0
-    path = tr.dump(trace, out)
+    path = trace_write.dump(trace, out)
     if show is not None:
         show.print(summary_table(trace))
         show.print(totals_line(trace, wall))

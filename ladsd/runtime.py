@@ -118,8 +118,6 @@ class Runtime:
         timeline_samples: int | None = None,
     ) -> None:
         self.engine = engine
-        self.policy = policy
-        self.link = link
         self.sender = Sender(policy, config=link, on_inventory=self._on_inventory)
         self.receiver = Receiver(self._register, config=link)
         self.timeline = Timeline(limit=timeline_samples)
@@ -131,6 +129,14 @@ class Runtime:
         self._tasks: set[asyncio.Task] = set()
         self.continuation = ContinuationEstimate()  # p for HEAR, from completed workflows
         self._subscribers: list[Callable[[EngineState], None]] = []
+
+    @property
+    def policy(self) -> Policy:
+        return self.sender.policy
+
+    @property
+    def link(self) -> LinkConfig:
+        return self.sender.config
 
     def subscribe(self, fn: Callable[[EngineState], None]) -> None:
         """Call ``fn`` with every published EngineState (loop thread, engine order),

@@ -135,10 +135,8 @@ class Sender:
             clock=clock,
             max_rejects=max_rejects,
         )
-        self.policy = policy
         self.config = config
         self.bucket = bucket or TokenBucket(config.rate_bytes_per_s, config.bucket_bytes)
-        self.chunk = self.bucket.depth  # a write is at most one chunk = bucket depth
         self.max_drops = max_drops
         self.fault = fault
         self._connected = asyncio.Event()  # set at the first connection, stays set
@@ -150,6 +148,15 @@ class Sender:
         self.counters: Counter[str] = Counter(dict.fromkeys(SOCKET_COUNTERS, 0))
 
     # ---- state (the outbox's)
+
+    @property
+    def policy(self) -> Policy:
+        return self.outbox.policy
+
+    @property
+    def chunk(self) -> int:
+        """A write is at most one chunk = the bucket's depth."""
+        return self.bucket.depth
 
     @property
     def q_b(self) -> int:
@@ -277,7 +284,6 @@ class Sender:
     def check_integrity(self) -> None:
         """Assert the invariants of the class docstring."""
         self.outbox.check_integrity()
-        assert self.chunk == self.bucket.depth
         assert self.outbox.error is not None or self._streak <= self.max_drops, "streak"
         assert not self._closing or self.outbox.closed, "closing, but the outbox is open"
         assert self._connected.is_set() == (self.counters["connects"] > 0)

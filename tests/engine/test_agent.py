@@ -22,6 +22,7 @@ from ladsd.engine.thread import Completion
 from ladsd.records import ContinuationId
 from ladsd.runtime import CallOutcome
 from ladsd.workloads import trace as tr
+from ladsd.workloads import trace_write as tw
 from tests.rigs.engine import SMOL as ENGINE
 from web_catalog.tasks import Task, TaskProduct, load_tasks
 
@@ -355,7 +356,7 @@ async def test_backend_failure_ends_only_that_workflow(tok, db):
     assert [w.termination for w in trace.workflows] == ["error", "error"]
     assert all(w.error == "ConnectionError: link down" for w in trace.workflows)
     assert all(len(w.calls) == 1 for w in trace.workflows)
-    assert tr.loads(tr.dumps(trace)) == trace
+    assert tr.loads(tw.dumps(trace)) == trace
 
 
 async def test_capture_header_and_summary(tok, db):
@@ -368,7 +369,7 @@ async def test_capture_header_and_summary(tok, db):
     s = summarize(trace.workflows[0])
     assert s.steps == 7 and s.tools == {"open": 3, "read_reviews": 3}
     assert s.opened_all and s.read_all and s.invalid == 0 and s.cached_share == 0.0
-    assert tr.loads(tr.dumps(trace)) == trace
+    assert tr.loads(tw.dumps(trace)) == trace
 
 
 # ---- end to end on SmolLM2 ---------------------------------------------------
@@ -380,8 +381,8 @@ async def test_capture_two_tasks_on_smollm2(smol, db, tmp_path: Path):
     tasks = load_tasks()[:2]
     cfg = AgentConfig(step_limit=4)
     trace = await capture(DirectBackend(smol), tasks, db, cfg, seed=1)
-    path = tr.dump(trace, tmp_path / "two.jsonl")
-    assert tr.load(path) == trace and tr.dumps(tr.load(path)) == path.read_bytes()
+    path = tw.dump(trace, tmp_path / "two.jsonl")
+    assert tr.load(path) == trace and tw.dumps(tr.load(path)) == path.read_bytes()
     chat = ChatML(smol.tokenizer)
     conts = 0
     for w, t in zip(trace.workflows, tasks, strict=True):

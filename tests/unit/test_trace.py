@@ -7,6 +7,7 @@ import pytest
 
 from ladsd.clock import Stamps
 from ladsd.workloads import trace as tr
+from ladsd.workloads import trace_write as tw
 from ladsd.workloads.trace import (
     Action,
     Observation,
@@ -90,22 +91,22 @@ def sample(n: int = 2) -> Trace:
 
 
 def lines(t: Trace) -> list[bytes]:
-    return tr.dumps(t).split(b"\n")[:-1]
+    return tw.dumps(t).split(b"\n")[:-1]
 
 
 def test_round_trip_is_identical(tmp_path):
     t = sample()
-    path = tr.dump(t, tmp_path / "t.jsonl")
+    path = tw.dump(t, tmp_path / "t.jsonl")
     back = tr.load(path)
     assert back == t
-    assert tr.dumps(back) == path.read_bytes()
+    assert tw.dumps(back) == path.read_bytes()
     assert path.read_bytes().count(b"\n") == 3
 
 
 def test_observation_bytes_exact_through_non_ascii_text():
     text = "Quest Lumaflex\u2122 Band \u2014 \u00e9t\u00e9\n<|im_end|>\ttab\r\n"
     t = Trace(header(1), (workflow("w", obs_text=text),))
-    back = tr.loads(tr.dumps(t))
+    back = tr.loads(tw.dumps(t))
     obs = back.workflows[0].calls[1].observation
     assert obs is not None and obs.payload == text.encode("utf-8")
     assert obs.sha256 == t.workflows[0].calls[1].observation.sha256
@@ -125,17 +126,17 @@ def test_dump_refuses_a_prompt_that_is_not_an_extension():
     bad = TraceCall(**{**w.calls[1].__dict__, "prompt_ids": (9, 9, 9)})
     t = Trace(header(1), (TraceWorkflow(**{**w.__dict__, "calls": (w.calls[0], bad)}),))
     with pytest.raises(TraceError, match="not an extension"):
-        tr.dumps(t)
+        tw.dumps(t)
 
 
 def test_dump_refuses_header_count_mismatch():
     t = sample(2)
     with pytest.raises(TraceError, match="header says 3"):
-        tr.dumps(Trace(header(3), t.workflows))
+        tw.dumps(Trace(header(3), t.workflows))
 
 
 def test_truncated_last_line_names_it():
-    data = tr.dumps(sample(2))
+    data = tw.dumps(sample(2))
     with pytest.raises(TraceError, match=r"line 3: truncated"):
         tr.loads(data[:-40])
 
@@ -248,5 +249,5 @@ def test_empty_and_unreadable_files(tmp_path):
 
 
 def test_dump_is_atomic_and_leaves_no_temp(tmp_path):
-    path = tr.dump(sample(1), tmp_path / "sub" / "t.jsonl")
+    path = tw.dump(sample(1), tmp_path / "sub" / "t.jsonl")
     assert [p.name for p in path.parent.iterdir()] == ["t.jsonl"]
