@@ -35,14 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this tree's ladsd, before any installed one
 
-from ladsd.metrics import events  # noqa: E402
-
-try:  # the split of issue 20: comparison, peer_compare and grid
-    from ladsd.metrics import comparison, grid, peer_compare  # noqa: E402
-except ImportError:  # the tree before it (the old code of the before/after checks)
-    from ladsd.metrics import table as comparison  # type: ignore[no-redef]  # noqa: E402
-
-    grid = peer_compare = comparison  # type: ignore[misc]
+from ladsd.metrics import comparison, events, grid, peer_compare  # noqa: E402
 from ladsd.metrics.events import RunRecord  # noqa: E402
 from ladsd.metrics.summary import repeat_of  # noqa: E402
 
