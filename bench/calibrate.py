@@ -19,7 +19,7 @@ reference for the dtype: the check that the profile ports to it), the CPU, and,
 last, one JSON line. Never asserts.
 
     .venv/bin/python bench/calibrate.py --profile cpu [--model smollm2-shape-8l] [--seed 1]
-        [--dtype float32]
+        [--dtype float32] [--json FILE]
 """
 
 from __future__ import annotations
@@ -118,7 +118,10 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="override the profile's model shape")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--dtype", default=None, choices=cpu.DTYPES, help="the engine's dtype")
-    res = asyncio.run(main_async(ap.parse_args()))
+    ap.add_argument("--json", default=None, help="also write the result (one JSON object) here")
+    a = ap.parse_args()
+    res = asyncio.run(main_async(a))
+    res["in_band"] = in_band(res["ratio_reuse_dilated"], res["ratio_noreuse_dilated"])
     t = Table(
         "quantity", "seconds", "/ link", title=f"calibration: {res['profile']} ({res['model']})"
     )
@@ -134,7 +137,20 @@ def main() -> None:
         f"no reuse {res['ratio_noreuse_dilated']:.2f} of the dilated link time"
     )
     print("targets: reuse ~0.5-0.8 of link time, no reuse ~1.7-3x")
+    print("in the band at this dilation" if res["in_band"] else "OUTSIDE the band at this dilation")
     print(orjson.dumps(res).decode())
+    if a.json:
+        with open(a.json, "wb") as f:
+            f.write(orjson.dumps(res, option=orjson.OPT_INDENT_2) + b"\n")
+
+
+REUSE_BAND = (0.5, 0.8)  # engine time with perfect reuse / link time (spec's regime)
+NOREUSE_BAND = (1.7, 3.0)  # engine time with no reuse / link time
+
+
+def in_band(reuse: float, noreuse: float) -> bool:
+    """Both dilated ratios inside the spec's bands (the bands are approximate: '~')."""
+    return REUSE_BAND[0] <= reuse <= REUSE_BAND[1] and NOREUSE_BAND[0] <= noreuse <= NOREUSE_BAND[1]
 
 
 if __name__ == "__main__":

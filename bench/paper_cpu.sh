@@ -11,9 +11,14 @@
 # kappa once (a probe engine start) and writes OUT/dilation.json; every other compare
 # (and a resume) uses that one, and every run scales its link rate and time constants
 # by it (docs/profiles.md). --dilation D sets it instead of measuring.
+# A fresh OUT (no run files yet) first checks the calibration on this CPU at the pass's
+# dtype (bench/calibrate.py, seed 1, ~2 min; OUT/calibration.json): whether the regime's
+# two ratios land in the spec's band here at the dilation a pass measures. Never stops.
+# --dtype D runs the engine in D (the cpu profile's own is float32; docs/profiles.md).
 #   bench/paper_cpu.sh [--workload controlled|controlled-c16|web-burst|captured|captured-scaled]
 #                      [--policies a,b] [--seeds 1,2] [--repeats N] [--kv-blocks N]
-#                      [--profile NAME] [--peers] [--dilation D]   (OUT=dir to write elsewhere)
+#                      [--profile NAME] [--peers] [--dilation D] [--dtype D]
+#                      (OUT=dir to write elsewhere)
 #   --peers adds the neighbouring designs (augserve, hear-*, ttl-pin, augserve+lads;
 #   README, Peers) to controlled cohort-8, web-burst, captured and captured-scaled
 #   (not cohort-16).
@@ -33,6 +38,7 @@ REPEATS=2
 EXTRA=()
 PEERS=()
 DILATION=()
+DTYPE=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --workload) ONLY=$2; shift 2 ;;
@@ -43,17 +49,23 @@ while [ $# -gt 0 ]; do
     --kv-blocks) EXTRA=(--kv-blocks "$2"); shift 2 ;;
     --peers) PEERS=(--peers); shift ;;
     --dilation) DILATION=(--dilation "$2"); shift 2 ;;
+    --dtype) DTYPE=(--dtype "$2"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 # The earlier 1/8-scale runs had the eight policies; lads-denial (an ablation) and
 # lads-adaptive (the paper's LADS with three rules of ours) came later.
 [ -n "$POLICIES" ] || { [ "$PROFILE" = cpu-eighth ] && POLICIES=$EIGHT || POLICIES=$EIGHT,lads-denial,lads-adaptive; }
+if ! compgen -G "$OUT/*-s*.json" > /dev/null; then
+  mkdir -p "$OUT"
+  .venv/bin/python bench/calibrate.py --profile "$PROFILE" --seed 1 "${DTYPE[@]}" \
+    --json "$OUT/calibration.json" | grep -v '^{' || true
+fi
 compare() {  # name workload default-seeds [extra args]
   local name=$1 wl=$2 seeds=${SEEDS:-$3}; shift 3
   [ -z "$ONLY" ] || [ "$ONLY" = "$name" ] || return 0
   .venv/bin/ladsd compare --profile "$PROFILE" --workload "$wl" --seeds "$seeds" \
-    --policies "$POLICIES" --repeats "$REPEATS" --out "$OUT" "${EXTRA[@]}" "${DILATION[@]}" "$@"
+    --policies "$POLICIES" --repeats "$REPEATS" --out "$OUT" "${EXTRA[@]}" "${DILATION[@]}" "${DTYPE[@]}" "$@"
 }
 compare controlled controlled 1,2,3,4,5 --cohort 8 "${PEERS[@]}"
 compare controlled-c16 controlled 1,2,3 --cohort 16

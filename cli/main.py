@@ -82,7 +82,7 @@ def serve(
     lease_max_s: float = typer.Option(
         None, help="The cap on a session's lease lifetime l_i in seconds [default: 8 x l]."
     ),
-    dtype: str = replay_cmd.dtype_option(),
+    dtype: str = replay_cmd.dtype_option("auto; float32 with the cpu profile's own model"),
     max_waiting: int = typer.Option(
         64, help="Chat requests admitted beyond the m running ones; more get 429."
     ),
@@ -322,10 +322,12 @@ def _serve_profile(
     eng = replace(prof.engine, **{k: v for k, v in given.items() if v is not None})
     leased = {"headroom_blocks": headroom, "lease_lifetime_s": lease_s}
     lease = replace(prof.lease, **{k: v for k, v in leased.items() if v is not None})
-    # The calibration's kappa belongs to the profile's own model, in either dtype: another
-    # model gets no link dilation (else a 30-layer model would slow the link ~12x).
+    # The calibration's kappa and dtype belong to the profile's own model: another model
+    # gets no link dilation (else a 30-layer model would slow the link ~12x) and the
+    # CPU's dtype (auto), as vLLM would pick it.
     if eng.model != prof.engine.model:
         prof = replace(prof, kappa_ref_s=None, kappa_ref_float32_s=None)
+        eng = replace(eng, dtype="auto")
     return replace(prof, engine=eng, lease=lease)
 
 

@@ -45,7 +45,7 @@ PEERS_HELP = (
 )
 
 
-def dtype_option(default: str = "the profile's, auto") -> Any:
+def dtype_option(default: str = "the profile's: float32 for cpu, else auto") -> Any:
     """``--dtype`` of every command that builds an engine (None: the profile's)."""
     return typer.Option(None, help=f"{cpu.DTYPE_HELP} [default: {default}]")
 

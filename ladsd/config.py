@@ -136,11 +136,18 @@ PAPER_WORKLOAD = WorkloadConfig()  # spec section 5 at paper scale
 # the mean of the four engine starts of bench/calibrate.py --profile cpu, seeds 1
 # and 2, quiet machine, 2026-11-30 (0.0329, 0.0356, 0.0377, 0.0308 s; docs/profiles.md).
 CPU_KAPPA_REF_S: float | None = 0.034
-# The float32 reference: the float32 kappa at which a float32 engine's time equals
-# the calibration's. kappa overstates float32's slow-down (there, 2026-12-01, same
-# load: kappa 5.5x bfloat16's, engine time with reuse 1.7x), so 0.034 x 5.48 / 1.72
-# (docs/profiles.md; derived under load, reuse side only: re-measure when quiet).
-CPU_KAPPA_REF_F32_S: float | None = 0.108
+# The float32 reference: the float32 kappa at which a float32 engine's time on the
+# calibration workload equals the calibration's. Calibrated on a quiet Intel Xeon with
+# AMX, 2026-12-02 (bench/calibrate.py --profile cpu --dtype float32, seeds 1 and 2):
+# kappa 0.0438, 0.0429, 0.0405, 0.0374 s (mean 0.0412) at engine times 1.095x the
+# calibration's (geometric mean of both sides, both seeds), so 0.0412 / 1.095
+# (docs/profiles.md; bench/results/calibration/).
+CPU_KAPPA_REF_F32_S: float | None = 0.038
+# The cpu profile's dtype. float32 on every CPU: its kernels are plain FMA on any
+# x86, where bf16's gains depend on the CPU (AMX speeds a 512-token prefill ~5x but a
+# decode ~1.7x, which narrows no-reuse / reuse from ~3 to ~2 and leaves the regime;
+# docs/profiles.md). `--dtype` overrides it.
+CPU_DTYPE = "float32"
 
 PROFILES: dict[str, Profile] = {
     "paper": Profile(
@@ -163,6 +170,7 @@ PROFILES: dict[str, Profile] = {
             max_model_len=8192,
             block_size=32,
             num_gpu_blocks_override=2300,  # replaced per workload by the pool rule
+            dtype=CPU_DTYPE,
         ),
         link=LinkConfig(rate_bytes_per_s=4000.0),
         lease=LeaseConfig(headroom_blocks=sizing.headroom_for(2300), lease_lifetime_s=8.0),
