@@ -56,6 +56,19 @@ def headroom_regime(state: EngineState, now: float, max_age_s: float) -> bool:
     return refusals > denials
 
 
+def regime_check(
+    state: EngineState, now: float, theta: float, max_age_s: float
+) -> tuple[bool, bool]:
+    """Rule 1 and what it did: (acts, stood down), each condition evaluated once.
+
+    Stood down: the spec's condition holds but the headroom regime holds it back.
+    """
+    spec = override_active(state, now, theta, max_age_s)
+    if headroom_regime(state, now, max_age_s):
+        return False, spec
+    return spec, False
+
+
 def regime_override(state: EngineState, now: float, theta: float, max_age_s: float) -> bool:
     """Rule 1 (ours): the spec's override condition, except in a headroom regime.
 
@@ -63,9 +76,7 @@ def regime_override(state: EngineState, now: float, theta: float, max_age_s: flo
     grants are budget denials (or there are none); stands down while they are
     headroom refusals, since a handoff returns quota but frees no blocks.
     """
-    if headroom_regime(state, now, max_age_s):
-        return False
-    return override_active(state, now, theta, max_age_s)
+    return regime_check(state, now, theta, max_age_s)[0]
 
 
 def progress_key(item: Pending, resident: Mapping[ContinuationId, int]) -> tuple:
@@ -73,10 +84,10 @@ def progress_key(item: Pending, resident: Mapping[ContinuationId, int]) -> tuple
     return (-resident.get(item.cid, 0), item.workflow_arrival, cache_key(item, resident))
 
 
-def progress_first(
+def progress_choice(
     pending: Sequence[Pending], resident: Mapping[ContinuationId, int], band_bytes: float
-) -> Pending:
-    """Rule 2 (ours): Cache-first's choice, or a near-equal frame further along.
+) -> tuple[Pending, bool]:
+    """Rule 2 and what it did: (the choice, moved off Cache-first's choice).
 
     Near-equal to the Cache-first choice ``b``: as cold (or as resident) as
     ``b`` and a frame less than ``band_bytes`` larger (``b`` is the smallest
@@ -85,14 +96,23 @@ def progress_first(
     """
     base = cache_first(pending, resident)
     if band_bytes <= 0:
-        return base
+        return base, False
     cold = resident.get(base.cid, 0) <= 0
     near = [
         it
         for it in pending
         if (resident.get(it.cid, 0) <= 0) == cold and it.frame_bytes - base.frame_bytes < band_bytes
     ]
-    return min(near, key=lambda it: progress_key(it, resident))
+    choice = min(near, key=lambda it: progress_key(it, resident))
+    return choice, choice.cid != base.cid
+
+
+def progress_first(
+    pending: Sequence[Pending], resident: Mapping[ContinuationId, int], band_bytes: float
+) -> Pending:
+    """Rule 2 (ours): Cache-first's choice, or a near-equal frame further along
+    (:func:`progress_choice`)."""
+    return progress_choice(pending, resident, band_bytes)[0]
 
 
 class BytesPerToken:
@@ -134,6 +154,14 @@ class BytesPerToken:
             del d[next(iter(d))]
 
 
+@dataclass
+class _Note:
+    """What the hooks of one decision did (scratch, reset by every ``decide``)."""
+
+    moved: bool = False
+    stood_down: bool = False
+
+
 @dataclass(frozen=True)
 class AdaptiveDecision(Decision):
     moved: bool = False  # the progress rule moved the base choice off Cache-first's
@@ -151,6 +179,7 @@ class LadsAdaptive(Lads):
     ) -> None:
         super().__init__(theta=theta, max_age_s=max_age_s, uses_leases=uses_leases)
         self.bpt = BytesPerToken()
+        self._note = _Note()
 
     def band_bytes(self, view: SenderView) -> float:
         """One KV block of observation tokens in payload bytes (0: nothing measured yet)."""
@@ -158,23 +187,33 @@ class LadsAdaptive(Lads):
         return bs * self.bpt.per_token()
 
     def base_order(self, view: SenderView) -> BaseOrder:
-        band = self.band_bytes(view)
-        return lambda pending, resident: progress_first(pending, resident, band)
+        band, note = self.band_bytes(view), self._note
+
+        def order(pending: Sequence[Pending], resident: Mapping[ContinuationId, int]) -> Pending:
+            choice, note.moved = progress_choice(pending, resident, band)
+            return choice
+
+        return order
 
     def override_rule(self) -> Active | None:
-        theta, age = self.theta, self.max_age_s
-        return lambda state, now: regime_override(state, now, theta, age)
+        theta, age, note = self.theta, self.max_age_s, self._note
+
+        def active(state: EngineState, now: float) -> bool:
+            on, note.stood_down = regime_check(state, now, theta, age)
+            return on
+
+        return active
 
     def decide(self, pending: Sequence[Pending], view: SenderView, now: float) -> Decision:
+        """LADS's decision; the hooks note what they did, so nothing is evaluated twice.
+
+        A stand-down counts only where the override hook decided (``INACTIVE``).
+        """
+        note = self._note  # reset in place: a hook built earlier writes the same note
+        note.moved = note.stood_down = False
         d = super().decide(pending, view, now)
-        st = view.state
-        moved = d.base.cid != cache_first(pending, self.index(st).resident).cid
-        stood = (
-            d.reason == INACTIVE
-            and st is not None
-            and override_active(st, now, self.theta, self.max_age_s)
-        )
-        return AdaptiveDecision(d.choice, d.base, d.reason, d.invalid, moved, stood)
+        stood = d.reason == INACTIVE and note.stood_down
+        return AdaptiveDecision(d.choice, d.base, d.reason, d.invalid, note.moved, stood)
 
     def on_commit(self, item: Pending, now: float) -> None:
         d = self._preview
@@ -197,7 +236,9 @@ __all__ = [
     "LadsAdaptive",
     "failed_grants",
     "headroom_regime",
+    "progress_choice",
     "progress_first",
     "progress_key",
+    "regime_check",
     "regime_override",
 ]

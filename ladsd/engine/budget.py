@@ -108,6 +108,11 @@ class Candidate:
     t_b: float  # T_B_i
 
 
+def is_near(c: Candidate) -> bool:
+    """``i in N(t)``: ``P_i != {}``, ``tau_i > 0`` and ``T_B_i <= tau_i``."""
+    return bool(c.prefix) and c.tau > 0 and c.t_b <= c.tau
+
+
 def near_use_set(cands: Iterable[Candidate]) -> list[Candidate]:
     """``N(t) = { i : P_i != {}, tau_i > 0, T_B_i <= tau_i }`` (input order kept)."""
     return [c for c in cands if c.prefix and c.tau > 0 and c.t_b <= c.tau]
@@ -119,6 +124,27 @@ def demand(near: Iterable[Candidate]) -> int:
     for c in near:
         union |= c.prefix
     return len(union)
+
+
+class DemandMemo:
+    """``D(t)`` of the last near-use set, reused while it is the same prefixes (ours: a cache).
+
+    The budget is evaluated every 100 ms tick, and the union of the ``P_i`` is
+    its cost (O(sum |P_i|)); between ticks the near set and its prefixes (each
+    ``P_i`` a frozenset replaced only when looked up anew) rarely change. The
+    key is the tuple of prefixes in order: equal tuples (identity first, then
+    set equality) have the same union, so an answer never changes.
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple[frozenset[Hashable], ...] = ()
+        self.d = 0
+
+    def __call__(self, near: Sequence[Candidate]) -> int:
+        key = tuple(c.prefix for c in near)
+        if key != self.key:
+            self.key, self.d = key, demand(near)
+        return self.d
 
 
 def safe_ceiling(used: int, free: int, headroom: int) -> int:
@@ -153,10 +179,19 @@ class Budget:
     C: int
 
 
-def evaluate(cands: Sequence[Candidate], used: int, free: int, headroom: int) -> Budget:
-    """Section 3.1 end to end for the given candidates, ``U`` and ``F``."""
+def evaluate(
+    cands: Sequence[Candidate],
+    used: int,
+    free: int,
+    headroom: int,
+    memo: DemandMemo | None = None,
+) -> Budget:
+    """Section 3.1 end to end for the given candidates, ``U`` and ``F``.
+
+    ``memo``: a :class:`DemandMemo` carried between evaluations (same answers).
+    """
     near = near_use_set(cands)
-    d = demand(near)
+    d = demand(near) if memo is None else memo(near)
     c_safe = safe_ceiling(used, free, headroom)
     fit = fits(near, c_safe)
     b = budget_target(d, c_safe, fit)

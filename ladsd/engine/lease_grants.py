@@ -117,6 +117,7 @@ class Grants:
         self.refusals: list[RefusalEvent] = []  # headroom refusals, this generation (ours)
         self.refused: dict[ContinuationId, set[str]] = {}  # refusal kinds, this generation
         self.released = False  # a hold was released since the last replenishment
+        self.demand = bud.DemandMemo()  # D(t) reused while the near set's P_i stay
 
     def evaluate(self, view: View) -> None:
         """One budget evaluation: a new generation with its own denial list."""
@@ -134,6 +135,7 @@ class Grants:
             table.used,
             table.pool.get_num_free_blocks(),
             self.cfg.headroom_blocks,
+            self.demand,
         )
 
     def refill(self, now: float) -> None:
@@ -147,10 +149,9 @@ class Grants:
         self.released = False
         if not self.cfg.enabled:
             return
-        near = {c.key for c in bud.near_use_set(c for _, c in view)}
         reserve: Reserve | None = None  # looked up once per pass, at the first try
-        for p, c in view:
-            if c.key in near and p.cid not in self.leases:
+        for p, c in view:  # the near-use set in the view's order, judged in place
+            if bud.is_near(c) and p.cid not in self.leases:
                 if reserve is None:
                     reserve = self.reserve()
                 self.grant(p, now, reserve)

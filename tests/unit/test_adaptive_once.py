@@ -1,0 +1,142 @@
+"""``lads-adaptive`` evaluates each rule once per decision (issue 23 item 5), same answers.
+
+Model-free (hand-built EngineStates): the base order (:func:`cache_first` under the
+progress rule) and the spec's condition (:func:`override_active` under the regime
+rule) run once per ``decide``; the ``progress`` and ``stood_down`` counts come from
+what the hooks noted and stay what they were.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from ladsd.config import FRAME_OVERHEAD as H
+from ladsd.delivery import lads_adaptive
+from ladsd.delivery.lads import INACTIVE, OVERRIDE
+from ladsd.delivery.lads_adaptive import AdaptiveDecision, LadsAdaptive
+from ladsd.delivery.policy import Pending, SenderView
+from ladsd.records import ContinuationId, EngineState, LeaseRecord, RefusalEvent
+
+GEN = 7
+T = 10.0
+BS = 16
+
+
+def item(wf: str, p: int, *, r: float = 0.0, arrival: float | None = None) -> Pending:
+    return Pending(
+        cid=ContinuationId(wf, 1),
+        ready_time=r,
+        payload_bytes=p,
+        frame_bytes=H + p,
+        prefix_digest=f"pre-{wf}",
+        payload_digest=f"pay-{wf}",
+        workflow_arrival=r if arrival is None else arrival,
+        prompt_tokens=100,
+    )
+
+
+def lease(it: Pending, exclusive: int) -> LeaseRecord:
+    cid = it.cid
+    blocks = tuple(range(exclusive))
+    return LeaseRecord(cid, it.prefix_digest, it.payload_digest, blocks, exclusive, 5.0, 13.0, GEN)
+
+
+def view(st: EngineState) -> SenderView:
+    return SenderView(q_b=0, rate=4000.0, overhead=H, state=st, state_seq_before=2)
+
+
+def capped(used: int, refusals: tuple[RefusalEvent, ...] = ()) -> tuple[list[Pending], EngineState]:
+    """A and B leased, C resident and unprotected; ``U = used`` of ``C = 100``."""
+    a, b, c = item("A", 1000, r=1.0), item("B", 3000, r=2.0), item("C", 6000, r=3.0)
+    st = EngineState(
+        time=T, seq=3, generation=GEN, U=used, B=100, C=100,
+        leases=(lease(a, 2), lease(b, 40)),
+        resident=((a.cid, 30), (b.cid, 50), (c.cid, 60)),
+        refusals=refusals, block_size=BS,
+    )  # fmt: skip
+    return [a, b, c], st
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Count the calls of the two rules' inner evaluations, as lads_adaptive names them."""
+    n: Counter[str] = Counter()
+
+    def counted(name: str) -> Callable[..., Any]:
+        real = getattr(lads_adaptive, name)
+
+        def f(*a: Any, **kw: Any) -> Any:
+            n[name] += 1
+            return real(*a, **kw)
+
+        return f
+
+    for name in ("cache_first", "override_active"):
+        monkeypatch.setattr(lads_adaptive, name, counted(name))
+    return n
+
+
+def with_band(pol: LadsAdaptive) -> LadsAdaptive:
+    """Measure 2 payload bytes per observation token (a band of 32 bytes at BS 16)."""
+    w1, w2 = item("w", 100), item("w", 200)
+    w2 = replace(w2, cid=ContinuationId("w", 2), prompt_tokens=220)
+    for it in (w1, w2):
+        pol.bpt.commit(it)
+        pol.bpt.complete(it.cid, 20)
+    assert pol.bpt.per_token() == pytest.approx(2.0)
+    return pol
+
+
+def test_inactive_decision_evaluates_each_rule_once(calls: Counter[str]) -> None:
+    pending, st = capped(used=10)  # U < theta * C, no denial: the spec's override is off
+    pol = LadsAdaptive()
+    d = pol.decide(pending, view(st), T)
+    assert isinstance(d, AdaptiveDecision)
+    assert d.reason == INACTIVE and d.choice == pending[0] and not d.stood_down
+    assert calls == {"cache_first": 1, "override_active": 1}
+
+
+def test_stand_down_is_counted_from_one_evaluation(calls: Counter[str]) -> None:
+    refused = RefusalEvent(ContinuationId("C", 1), T - 0.3, GEN, free=5, taken=60)
+    pending, st = capped(used=100, refusals=(refused,))  # spec: on; headroom regime: off
+    pol = LadsAdaptive()
+    d = pol.choose(pending, view(st), T)
+    assert d == pending[0]
+    assert calls == {"cache_first": 1, "override_active": 1}
+    pol.on_commit(d, T)
+    assert pol.stats()["stood_down"] == 1 and pol.stats()["promotions"] == 0
+    # Not in a headroom regime: the override acts (B's handoff), nothing stood down.
+    pending, st = capped(used=100)
+    calls.clear()
+    d2 = pol.decide(pending, view(st), T)
+    assert d2.reason == OVERRIDE and d2.choice == pending[1] and not d2.stood_down
+    assert calls == {"cache_first": 1, "override_active": 1}
+
+
+def test_progress_move_is_counted_from_one_base_order(calls: Counter[str]) -> None:
+    x = item("X", 300, r=1.0, arrival=5.0)  # Cache-first's choice (smallest frame)
+    y = item("Y", 310, r=2.0, arrival=1.0)  # near-equal and further along: progress picks it
+    st = EngineState(
+        time=T, seq=3, generation=GEN, resident=((x.cid, 4), (y.cid, 20)), block_size=BS
+    )
+    pol = with_band(LadsAdaptive())
+    d = pol.decide([x, y], view(st), T)
+    assert isinstance(d, AdaptiveDecision) and d.choice == y and d.base == y and d.moved
+    assert calls["cache_first"] == 1
+    pol.choose([x, y], view(st), T)
+    pol.on_commit(y, T)
+    assert pol.stats()["progress"] == 1
+    # Clearly unequal frames: Cache-first's order stands, no move noted.
+    z = item("Z", 400, r=2.0, arrival=1.0)
+    st2 = EngineState(
+        time=T, seq=3, generation=GEN, resident=((x.cid, 4), (z.cid, 20)), block_size=BS
+    )
+    calls.clear()
+    d3 = pol.decide([x, z], view(st2), T)
+    assert isinstance(d3, AdaptiveDecision) and d3.choice == x and not d3.moved
+    assert calls["cache_first"] == 1
