@@ -7,7 +7,7 @@ What is rendered, and how (nothing is run again, nothing under bench/results/ is
 
 * ``<tag>-table.md``: the tables ``ladsd compare`` writes (cli/replay.py): the comparison
   grids of ``ladsd.metrics.comparison.compare`` and the drivers grid, from the run files
-  ``<tag>-<policy>-s<seed>[-r<k>].json[.gz]`` beside it;
+  ``<tag>-<policy>-s<seed>[-r<k>].json[.gz]`` beside it (or in its ``runs.tar.xz``);
 * ``<tag>-peers.md`` and ``<tag>-peers.json``: the peer tables (``write_peers``);
 * ``agents/README.md``: ``bench/agent_sessions_report.py`` run on a copy of the folder's
   result files in a temporary directory (its plots are drawn there and dropped).
@@ -54,6 +54,8 @@ class Subset:
 
 SUBSETS: dict[str, Subset] = {  # folder/tag of the table -> what it was made from
     "cpu-loaded/controlled-c8-cpu-seed1-all-policies": Subset("controlled-c8-cpu", (1,)),
+    # Stopped by a deadline after seed 2 (its README): the table is of seeds 1-2.
+    "cpu-f32/web-burst-cpu": Subset("web-burst-cpu", (1, 2)),
     "cpu-loaded/controlled-c8-cpu": Subset(
         "controlled-c8-cpu", policies=("fifo", "lads", "infinite-cache")
     ),
@@ -81,10 +83,31 @@ class Rendered:
         return old == self.text
 
 
+PACKED = "runs.tar.xz"  # a folder's run files, compressed to keep bench/results/ small
+_unpacked: dict[Path, Path] = {}
+
+
+def run_dir(folder: Path) -> Path:
+    """Where ``folder``'s run files are: the folder, or its ``runs.tar.xz`` unpacked once into
+    a temporary directory (removed at exit)."""
+    if not (folder / PACKED).exists():
+        return folder
+    if folder not in _unpacked:
+        import atexit
+        import tarfile
+
+        tmp = Path(tempfile.mkdtemp(prefix="rerender-runs-"))
+        atexit.register(shutil.rmtree, tmp, True)
+        with tarfile.open(folder / PACKED) as tar:
+            tar.extractall(tmp, filter="data")
+        _unpacked[folder] = tmp
+    return _unpacked[folder]
+
+
 def runs_of(folder: Path, tag: str, only: Subset | None = None) -> Runs:
     """policy -> its runs of ``tag`` in ``folder``, by (seed, repeat) as compare lists them."""
     found: Runs = {}
-    for p in sorted(folder.iterdir()):
+    for p in sorted(run_dir(folder).iterdir()):
         m = RUN.search(p.name)
         if not (m and p.name.startswith(tag + "-")):
             continue
