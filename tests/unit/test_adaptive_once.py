@@ -21,6 +21,7 @@ from ladsd.delivery.lads import INACTIVE, OVERRIDE
 from ladsd.delivery.lads_adaptive import AdaptiveDecision, LadsAdaptive
 from ladsd.delivery.policy import Pending, SenderView
 from ladsd.records import ContinuationId, EngineState, LeaseRecord, RefusalEvent
+from tests.rigs.policy import item as rig_item
 
 GEN = 7
 T = 10.0
@@ -28,16 +29,7 @@ BS = 16
 
 
 def item(wf: str, p: int, *, r: float = 0.0, arrival: float | None = None) -> Pending:
-    return Pending(
-        cid=ContinuationId(wf, 1),
-        ready_time=r,
-        payload_bytes=p,
-        frame_bytes=H + p,
-        prefix_digest=f"pre-{wf}",
-        payload_digest=f"pay-{wf}",
-        workflow_arrival=r if arrival is None else arrival,
-        prompt_tokens=100,
-    )
+    return rig_item(wf, p=p, r=r, arrival=arrival)
 
 
 def lease(it: Pending, exclusive: int) -> LeaseRecord:
