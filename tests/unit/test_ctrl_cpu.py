@@ -16,64 +16,24 @@ from typing import Any
 import pytest
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
-from ladsd import testing
-from ladsd.clock import ManualClock
-from ladsd.config import LeaseConfig
 from ladsd.engine import lease_candidates, lease_publish
 from ladsd.engine.lease_grants import Reserve
 from ladsd.engine.lease_resident import flatten, lookup_hit
 from ladsd.engine.lease_table import LeaseTable
-from ladsd.engine.sched_leases import LeaseScheduler
-from ladsd.records import ContinuationId, HistoryNotice, InventoryItem, Phase, SenderInventory
+from ladsd.records import ContinuationId
+from tests.rigs import book as rigs
+from tests.rigs.book import toks
 
-BS = 16
 A = ContinuationId("wa", 1)
 B = ContinuationId("wb", 1)
 
 
-def toks(seed: int, n_blocks: int) -> list[int]:
-    return [1000 + seed * 7919 + i for i in range(n_blocks * BS)]
-
-
-class Book:
-    """A lease scheduler on a manual clock; every operation checks integrity."""
-
-    def __init__(self, num_blocks: int = 64, enabled: bool = True) -> None:
-        self.s = testing.make_scheduler(LeaseScheduler, num_blocks=num_blocks, block_size=BS)
-        self.clk = ManualClock(1000.0)
-        cfg = LeaseConfig(enabled=enabled, headroom_blocks=4, lease_lifetime_s=8.0)
-        self.s.lease_setup(cfg, 0.0, self.clk)
-        self.items: dict[ContinuationId, InventoryItem] = {}
-        self.n = 0
+class Book(rigs.Book):
+    """The book rig, with the candidates' view and a checked ``P_i``."""
 
     @property
     def cands(self) -> Any:
         return self.s.lease_book.cands
-
-    def run(self, tokens: list[int]) -> None:
-        """Run a request to completion: its full blocks stay cached (evictable)."""
-        self.n += 1
-        req = testing.make_request(f"r{self.n}", tokens, max_tokens=2)
-        self.s.add_request(req)
-        for _ in range(200):  # bounded: a broken scenario fails, never hangs
-            if req.is_finished():
-                return
-            testing.step(self.s)
-            self.s.check_integrity()
-        raise AssertionError("request did not finish")
-
-    def notice(self, cid: ContinuationId, history: list[int]) -> None:
-        key = cid.key()
-        n = HistoryNotice(cid, tuple(history), f"p-{key}", f"d-{key}", self.clk(), 500)
-        self.items[cid] = InventoryItem(cid, Phase.PENDING, 500, n.ready_time)
-        self.s.lease_notice(n)
-        self.s.lease_inventory(SenderInventory(self.clk(), tuple(self.items.values()), 0, 1e6))
-        self.s.check_integrity()
-
-    def tick(self) -> None:
-        self.clk.advance(0.1)
-        self.s.lease_tick()
-        self.s.check_integrity()
 
     def fresh(self, cid: ContinuationId) -> list[int]:
         """``P_i`` as the book holds it, after checking it against a full vLLM lookup."""

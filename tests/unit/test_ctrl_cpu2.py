@@ -14,14 +14,10 @@ from typing import Any
 
 import pytest
 
-from ladsd import testing
-from ladsd.clock import ManualClock
-from ladsd.config import LeaseConfig
 from ladsd.engine import budget as bud
-from ladsd.engine.sched_leases import LeaseScheduler
-from ladsd.records import ContinuationId, HistoryNotice, InventoryItem, Phase, SenderInventory
-
-BS = 16
+from ladsd.records import ContinuationId
+from tests.rigs import book as rigs
+from tests.rigs.book import toks
 
 
 def cand(key: str, blocks: frozenset[int]) -> bud.Candidate:
@@ -66,43 +62,8 @@ def test_an_unchanged_near_set_is_unioned_once(unions: list[int]) -> None:
     assert bud.evaluate(cands, 0, 100, 10, memo) == bud.evaluate(cands, 0, 100, 10)
 
 
-def toks(seed: int, n_blocks: int) -> list[int]:
-    return [1000 + seed * 7919 + i for i in range(n_blocks * BS)]
-
-
-class Book:
-    """A lease scheduler on a manual clock (real vLLM scheduler, no model)."""
-
-    def __init__(self) -> None:
-        self.s = testing.make_scheduler(LeaseScheduler, num_blocks=64, block_size=BS)
-        self.clk = ManualClock(1000.0)
-        cfg = LeaseConfig(enabled=True, headroom_blocks=4, lease_lifetime_s=8.0)
-        self.s.lease_setup(cfg, 0.0, self.clk)
-        self.items: dict[ContinuationId, InventoryItem] = {}
-        self.n = 0
-
-    def run(self, tokens: list[int]) -> None:
-        """Run a request to completion: its full blocks stay cached (evictable)."""
-        self.n += 1
-        req = testing.make_request(f"r{self.n}", tokens, max_tokens=2)
-        self.s.add_request(req)
-        for _ in range(200):  # bounded: a broken scenario fails, never hangs
-            if req.is_finished():
-                return
-            testing.step(self.s)
-        raise AssertionError("request did not finish")
-
-    def notice(self, cid: ContinuationId, history: list[int]) -> None:
-        key = cid.key()
-        n = HistoryNotice(cid, tuple(history), f"p-{key}", f"d-{key}", self.clk(), 500)
-        self.items[cid] = InventoryItem(cid, Phase.PENDING, 500, n.ready_time)
-        self.s.lease_notice(n)
-        self.s.lease_inventory(SenderInventory(self.clk(), tuple(self.items.values()), 0, 1e6))
-
-    def tick(self) -> None:
-        self.clk.advance(0.1)
-        self.s.lease_tick()
-        self.s.check_integrity()
+class Book(rigs.Book):
+    """The book rig, with the spec's budget of its view."""
 
     def spec_budget(self) -> bud.Budget:
         """The budget the spec's evaluation gives for the book's view now (no memo)."""
@@ -113,13 +74,19 @@ class Book:
         return bud.evaluate([c for _, c in view], table.used, free, book.cfg.headroom_blocks)
 
 
-def test_ticks_reuse_the_demand_and_keep_the_spec_budget(unions: list[int]) -> None:
+def two_waiting() -> tuple[Book, ContinuationId, ContinuationId]:
+    """A book with two waiting histories, of 4 and 3 resident blocks."""
     b = Book()
     a, c = ContinuationId("wa", 1), ContinuationId("wb", 1)
     b.run(toks(1, 4))
     b.notice(a, toks(1, 4))
     b.run(toks(2, 3))
     b.notice(c, toks(2, 3))
+    return b, a, c
+
+
+def test_ticks_reuse_the_demand_and_keep_the_spec_budget(unions: list[int]) -> None:
+    b, a, c = two_waiting()
     grants = b.s.lease_book.grants
     assert grants.budget.D == 7 and len(grants.budget.near) == 2
     n = len(unions)
@@ -151,12 +118,7 @@ def test_is_near_is_membership_of_the_near_use_set() -> None:
 
 def test_a_tick_judges_the_near_use_set_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """The budget's evaluation builds N(t); replenishment judges it in place (same grants)."""
-    b = Book()
-    a, c = ContinuationId("wa", 1), ContinuationId("wb", 1)
-    b.run(toks(1, 4))
-    b.notice(a, toks(1, 4))
-    b.run(toks(2, 3))
-    b.notice(c, toks(2, 3))
+    b, a, c = two_waiting()
     assert {r.cid for r in b.s.lease_state().leases} == {a, c}
     calls: list[int] = []
     real = bud.near_use_set
