@@ -18,12 +18,16 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from ladsd.delivery.registry import CANDIDATE, CORE, LABELS
 from ladsd.metrics.events import RunRecord, load
 from ladsd.metrics.summary import by_seed, mean_latency, reduction, seed_metric
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rerender import run_dir  # noqa: E402
 
 VERSUS = tuple(p for p in LABELS if p != CANDIDATE)  # every policy, in the tables' order
 RUN_FILE = re.compile(r"-s\d+(-r\d+)?\.json$")  # run files, not the -table/-peers summaries
@@ -41,7 +45,7 @@ VIEWS: tuple[Metric, ...] = (mean_latency, normalised)
 def runs_by_policy(folder: Path, tag: str, seeds: int) -> dict[str, dict[int, list[RunRecord]]]:
     """``{policy: {seed: repeats}}`` of the run files named ``TAG-POLICY-sSEED[-rN].json``."""
     runs: dict[str, list[RunRecord]] = {}
-    for path in sorted(folder.glob(f"{tag}-*.json")):
+    for path in sorted(run_dir(folder).glob(f"{tag}-*.json")):
         if RUN_FILE.search(path.name):
             r = load(path)
             if r.seed <= seeds:

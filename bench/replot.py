@@ -3,9 +3,9 @@
     .venv/bin/python bench/replot.py bench/results/cpu-quarter
 
 For every ``<tag>-table.md`` in the folder, the run files ``<tag>-<policy>-s<seed>[-r<k>].json``
-are read back and ``<tag>-cdf.png`` and ``<tag>-stages.png`` are drawn again, as
-``ladsd compare`` draws them (ladsd.metrics.plots). Only the figures change: tables and run files
-are left as they are.
+(or those in its ``runs.tar.xz``) are read back and ``<tag>-cdf.png`` and ``<tag>-stages.png``
+are drawn again, as ``ladsd compare`` draws them (ladsd.metrics.plots). Only the figures change:
+tables and run files are left as they are.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from pathlib import Path
 from ladsd.metrics import events, plots
 from ladsd.metrics.events import RunRecord
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rerender import run_dir  # noqa: E402
+
 
 def runs_of(folder: Path, tag: str) -> dict[str, list[RunRecord]]:
     pat = re.compile(rf"^{re.escape(tag)}-(?P<policy>.+)-s\d+(-r\d+)?\.json$")
     runs: dict[str, list[RunRecord]] = defaultdict(list)
-    for p in sorted(folder.iterdir()):
+    for p in sorted(run_dir(folder).iterdir()):
         if pat.match(p.name):
             rec = events.load(p)
             runs[rec.policy].append(rec)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tarfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -162,11 +163,14 @@ def test_replay_run_file_records_dtype_and_cpu(tmp_path: Path, model_ready) -> N
     assert sum(c.output_tokens for w in rec.workflows for c in w.calls) > 0
 
 
-def test_run_files_with_and_without_the_cpu_keys_render() -> None:
-    folder = ROOT / "bench" / "results" / "cpu-quarter"
+def test_run_files_with_and_without_the_cpu_keys_render(tmp_path: Path) -> None:
+    packed = ROOT / "bench" / "results" / "cpu-quarter" / "runs.tar.xz"
     runs: dict[str, list[events.RunRecord]] = {}
     for policy in ("fifo", "cache-first", "lads", "infinite-cache"):
-        rec = events.load(folder / f"controlled-c8-cpu-{policy}-s1.json")
+        name = f"controlled-c8-cpu-{policy}-s1.json"
+        with tarfile.open(packed) as tar:
+            tar.extract(name, tmp_path, filter="data")
+        rec = events.load(tmp_path / name)
         assert "dtype" not in rec.meta and "cpu_model" not in rec.meta  # made before the keys
         # The same run as a new file would be (its A/A repeat, so both are tabled).
         meta = {**rec.meta, "repeat": 2, "dtype": "float32", **cpu.meta()}
