@@ -1,14 +1,15 @@
-"""Controller CPU, LADS against FIFO: ``ctrl CPU s`` per run, their ratio and the A/A floor.
+"""Controller CPU, LADS (and lads-adaptive) against FIFO: ``ctrl CPU s`` per run, ratios, A/A.
 
-``ctrl CPU s`` (``controller_cpu_s`` of a run file) is the sender's time inside
-``policy.choose`` plus the engine thread's CPU in lease commands, queries and
-ticks (``Runtime.controller_cpu_s``). Each run is one ``ladsd replay`` process,
-as the tables' runs are. Repeat 1 runs FIFO then LADS, repeat 2 the reverse
-(rotation); a policy's repeats are its A/A pair. One dilation for the pass: the
-first run measures it, every later run is given it (``--dilation``). Prints one
-line per run, the LADS/FIFO ratio of the means, the A/A ratios and the wall
-time; ``--json`` writes the commit, argv, CPU model and flags (``result_head``)
-with every run's dtype, dilation and decision counters. Measures; never asserts.
+``ctrl CPU s`` (``controller_cpu_s`` of a run file) is the sender's CPU time
+inside ``policy.choose`` (``decision_cpu_s``) plus the engine thread's CPU in
+lease commands, queries and ticks (``command_cpu_s``; ``Runtime.controller_cpu_s``).
+Each run is one ``ladsd replay`` process, as the tables' runs are. Repeat ``r``
+runs the policies rotated by ``r - 1`` (rotation); a policy's repeats are its
+A/A pair. One dilation for the pass: the first run measures it, every later run
+is given it (``--dilation``). Prints one line per run (with both parts), each
+policy's ratio of the means to FIFO's, the A/A ratios and the wall time;
+``--json`` writes the commit, argv, CPU model and flags (``result_head``) with
+every run's dtype, dilation and decision counters. Measures; never asserts.
 Run it alone on the machine: other load moves CPU seconds.
 
     .venv/bin/python bench/ctrl_cpu.py --profile smoke
@@ -32,10 +33,12 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, result_head  # noqa: E402
 
-POLICIES = ("fifo", "lads")
+POLICIES = ("fifo", "lads", "lads-adaptive")  # FIFO first: the others' ratios are to it
 # Decision counters kept per run: the same choices show as the same counts.
 COUNTERS = (
     "controller_cpu_s",
+    "decision_cpu_s",  # its sender part (policy.choose)
+    "command_cpu_s",  # its engine-thread part (lease commands, queries, ticks)
     "evaluations",
     "grants",
     "denials",
@@ -48,9 +51,10 @@ COUNTERS = (
 )
 
 
-def order(repeat: int) -> tuple[str, ...]:
-    """Repeat 1 in the listed order, repeat 2 reversed, and so on."""
-    return POLICIES if repeat % 2 else POLICIES[::-1]
+def order(repeat: int, policies: tuple[str, ...] = POLICIES) -> tuple[str, ...]:
+    """Repeat 1 in the listed order, repeat ``r`` rotated left by ``r - 1``."""
+    k = (repeat - 1) % len(policies)
+    return policies[k:] + policies[:k]
 
 
 def ladsd() -> list[str]:
@@ -96,14 +100,23 @@ def ratio(x: float, y: float) -> float:
     return x / y if y > 0 else float("nan")
 
 
-def report(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """LADS/FIFO of the mean ctrl CPU, and each policy's A/A (repeat 2 / repeat 1)."""
-    cpu = {p: [r["controller_cpu_s"] for r in rows if r["policy"] == p] for p in POLICIES}
-    out = {"lads_over_fifo": ratio(statistics.mean(cpu["lads"]), statistics.mean(cpu["fifo"]))}
+def report(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> dict[str, float]:
+    """Each policy's mean ctrl CPU over FIFO's (``<policy>_over_fifo``), and its A/A
+    (repeat 2 / repeat 1)."""
+    cpu = {p: [r["controller_cpu_s"] for r in rows if r["policy"] == p] for p in policies}
+    fifo = statistics.mean(cpu["fifo"])
+    out = {f"{p}_over_fifo": ratio(statistics.mean(cpu[p]), fifo) for p in policies[1:]}
     for p, xs in cpu.items():
         if len(xs) >= 2:
             out[f"aa_{p}"] = ratio(xs[1], xs[0])
     return out
+
+
+def parse_policies(text: str) -> tuple[str, ...]:
+    names = tuple(x for x in text.split(",") if x)
+    if not names or names[0] != "fifo" or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError("a list of distinct policies that starts with fifo")
+    return names
 
 
 def main() -> None:
@@ -114,6 +127,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="runs per policy (A/A: >= 2)")
     ap.add_argument("--dtype", default=None, help="engine dtype [default: the profile's]")
     ap.add_argument("--dilation", type=float, default=None, help="[default: measured once]")
+    ap.add_argument("--policies", type=parse_policies, default=POLICIES, help="fifo first")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
     a = ap.parse_args()
     t0 = time.perf_counter()
@@ -121,26 +135,35 @@ def main() -> None:
     dilation = a.dilation
     with tempfile.TemporaryDirectory(prefix="ctrl-cpu-") as tmp:
         for rep in range(1, a.repeats + 1):
-            for pol in order(rep):
+            for pol in order(rep, a.policies):
                 rec = replay(pol, a, dilation, Path(tmp))
                 dilation = rec["meta"].get("dilation", dilation) if dilation is None else dilation
                 rows.append(row(pol, rep, rec))
                 r = rows[-1]
                 print(
-                    f"{pol:5s} r{rep}: ctrl CPU {r['controller_cpu_s']:.3f} s, "
+                    f"{pol:13s} r{rep}: ctrl CPU {r['controller_cpu_s']:.3f} s "
+                    f"(decide {r['decision_cpu_s']:.3f}, engine {r['command_cpu_s']:.3f}), "
                     f"{r['evaluations']:.0f} evaluations, {r['grants']:.0f} grants, "
                     f"{r['promotions']} promotions (run {r['wall_s']:.0f} s)",
                     flush=True,
                 )
-    res = report(rows)
+    res = report(rows, a.policies)
     wall = time.perf_counter() - t0
-    aa = ", ".join(f"{p} {res[f'aa_{p}']:.2f}" for p in POLICIES if f"aa_{p}" in res)
-    print(f"LADS / FIFO ctrl CPU: {res['lads_over_fifo']:.2f}x (A/A: {aa or 'n/a'})")
+    aa = ", ".join(f"{p} {res[f'aa_{p}']:.2f}" for p in a.policies if f"aa_{p}" in res)
+    for p in a.policies[1:]:
+        print(f"{p} / FIFO ctrl CPU: {res[f'{p}_over_fifo']:.2f}x")
+    print(f"A/A: {aa or 'n/a'}")
     print(f"wall time {wall:.0f} s")
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
     doc = result_head("ctrl_cpu", stamp) | {
         "profile": a.profile,
-        "flags": {"workload": a.workload, "seed": a.seed, "repeats": a.repeats, "dtype": a.dtype},
+        "flags": {
+            "workload": a.workload,
+            "seed": a.seed,
+            "repeats": a.repeats,
+            "dtype": a.dtype,
+            "policies": list(a.policies),
+        },
         "dilation": dilation,
         "runs": rows,
         **res,

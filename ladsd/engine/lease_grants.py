@@ -192,7 +192,7 @@ class Grants:
                 )
                 self.pub.event(LeaseEventKind.DENIAL, cid, now)
             return False
-        self.take(p, now, reserve)
+        self.take(p, now, reserve, blocks)
         return True
 
     def require(self, p: LeaseCandidate, now: float) -> str | None:
@@ -210,12 +210,13 @@ class Grants:
         ceiling = bud.safe_ceiling(used, free, h)
         if used + delta > ceiling:
             return f"budget: U + Delta = {used} + {delta} > C_safe = {ceiling}"
-        self.take(p, now, reserve)
+        self.take(p, now, reserve, blocks)
         return None
 
-    def take(self, p: LeaseCandidate, now: float, reserve: Reserve) -> None:
-        """Acquire ``p``'s lease (the checks have passed)."""
-        blocks = flatten(p.resident)
+    def take(
+        self, p: LeaseCandidate, now: float, reserve: Reserve, blocks: list[KVCacheBlock]
+    ) -> None:
+        """Acquire ``p``'s lease (the checks have passed; ``blocks``: its ``P_i`` flat)."""
         if p.granted_at is None:
             p.granted_at = now  # g_i: a regrant keeps it, so d_i never moves
         self.leases.acquire(

@@ -223,21 +223,23 @@ class LeaseTable:
         """Leases at or past their deadline ``d_i``, in grant order."""
         return sorted((x for x in self.leases.values() if x.deadline <= now), key=lambda x: x.key)
 
+    # The three counts read this kind's ledger directly: they run per block of every
+    # lease at each state published and each grant tried (controller CPU, issue 23).
+
     def delta(self, blocks: Iterable[KVCacheBlock]) -> int:
         """``Delta_i``: blocks no lease protects yet (each raises ``U`` by one)."""
-        return sum(1 for b in blocks if self.pool.lease_ref(b.block_id, self.kind) == 0)
+        refs = self.pool.ledgers[self.kind].refs
+        return sum(1 for b in blocks if b.block_id not in refs)
 
     def exclusive(self, lease: Lease) -> int:
         """``|E_i|``: blocks of the lease protected by no other lease."""
-        return sum(1 for b in lease.blocks if self.pool.lease_ref(b.block_id, self.kind) == 1)
+        refs = self.pool.ledgers[self.kind].refs
+        return sum(1 for b in lease.blocks if refs.get(b.block_id) == 1)
 
     def gain(self, lease: Lease) -> int:
         """Free blocks a release would return now: held by this lease and nothing else."""
-        return sum(
-            1
-            for b in lease.blocks
-            if b.ref_cnt == 1 and self.pool.lease_ref(b.block_id, self.kind) == 1
-        )
+        refs = self.pool.ledgers[self.kind].refs
+        return sum(1 for b in lease.blocks if b.ref_cnt == 1 and refs.get(b.block_id) == 1)
 
     def integrate(self, now: float) -> float:
         """Protection block-seconds up to ``now``: the time integral of :attr:`used`."""

@@ -125,7 +125,7 @@ class Outbox:
 
     @property
     def decision_s(self) -> float:
-        """Wall time spent inside ``policy.choose``."""
+        """CPU time (this thread's) spent inside ``policy.choose``."""
         return self._calls.decision_s
 
     @property

@@ -19,10 +19,11 @@ class PolicyCalls:
 
     Owns: the policy; the engine state passed to it in :class:`SenderView`
     (the latest state, unfiltered, and the previous one's seq, so the policy's
-    record checks see exactly what arrived); ``decision_s``, the wall time
-    spent inside ``choose``. It names the :class:`PolicyError` of a hook that
-    raised or a choice that is not pending; the outbox decides what follows
-    (it stops). Event loop's thread only.
+    record checks see exactly what arrived); ``decision_s``, this thread's
+    CPU time inside ``choose`` (not wall time: on two cores a wait for the
+    GIL, which the engine thread holds between its ops, is no decision work).
+    It names the :class:`PolicyError` of a hook that raised or a choice that
+    is not pending; the outbox decides what follows (it stops). Event loop's thread only.
 
     Invariants (:meth:`check_integrity`): ``decision_s`` never negative; the
     previous seq is -1 until a state arrived.
@@ -32,7 +33,7 @@ class PolicyCalls:
         self.policy = policy
         self.state: EngineState | None = None
         self.seq_before = -1
-        self.decision_s = 0.0  # wall time spent inside policy.choose
+        self.decision_s = 0.0  # CPU time spent inside policy.choose
 
     @property
     def name(self) -> str:
@@ -55,11 +56,11 @@ class PolicyCalls:
 
     def choose(self, items: Sequence[Pending], view: SenderView, t: float) -> Pending | None:
         """The policy's choice among ``items`` (it may raise), timed into ``decision_s``."""
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         try:
             return self.policy.choose(tuple(items), view, t)
         finally:
-            self.decision_s += time.perf_counter() - t0
+            self.decision_s += time.thread_time() - t0
 
     def broken(self, hook: str, exc: Exception) -> PolicyError:
         """The error of a hook that raised ``exc`` (its cause)."""

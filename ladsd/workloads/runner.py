@@ -251,7 +251,9 @@ def _shift(c: CallRecord, t0: float) -> CallRecord:
     return replace(c, stamps=c.stamps.shift(t0))
 
 
-def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: float) -> dict[str, float]:
+def _counters(
+    rt: Runtime, audit: dict, flows: tuple, cpu0: tuple[float, float]
+) -> dict[str, float]:
     out = new_counters()
     st = rt.state.counters if rt.state is not None else {}
     for k, v in st.items():
@@ -268,7 +270,11 @@ def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: float) -> dict[str, 
     out.update({k: pol[k] for k in ("progress", "stood_down") if k in pol})
     link = rt.sender.stats()
     out["control_bytes"] = rt.control_bytes()
-    out["controller_cpu_s"] = rt.controller_cpu_s() - cpu0
+    # ctrl CPU s and its two parts (extra counters: the tables show only the sum).
+    decide, command = (b - a for a, b in zip(cpu0, rt.controller_cpu_s(), strict=True))
+    out["controller_cpu_s"] = decide + command
+    out["decision_cpu_s"] = decide
+    out["command_cpu_s"] = command
     out["link_frames"] = link.get("frames", 0)
     out["link_resends"] = link.get("resends", 0)
     out["cached_prompt_tokens"] = sum(c.cached_tokens for f in flows for c in f.calls)
