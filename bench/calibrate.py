@@ -14,9 +14,12 @@ Observations are rendered as tool messages (the controlled workload has no
 recorded suffix ids, which only trace workloads carry).
 
 It prints both ratios to link time (targets: ~0.5-0.8 with reuse, ~1.7-3 without),
-the same at the dilation a pass would measure on this CPU (kappa / the profile's
-reference for the dtype: the check that the profile ports to it), the CPU, and,
-last, one JSON line. Never asserts.
+the same at the dilation a pass would measure on this CPU (the pass's own probe,
+``ladsd.workloads.dilation.measure``: the median kappa of three starts of the runs'
+engine / the profile's reference for the dtype: the check that the profile ports to
+it), the CPU, and, last, one JSON line. Never asserts. The two calibration engines'
+own kappas are kept too, but not used: their pool is one nothing outgrows, and on an
+AMD EPYC their kappa was 1.5-2x the runs' (44-60 ms against 28-37 ms).
 
     .venv/bin/python bench/calibrate.py --profile cpu [--model smollm2-shape-8l] [--seed 1]
         [--dtype float32] [--json FILE]
@@ -42,6 +45,7 @@ from ladsd.engine.params import forced  # noqa: E402
 from ladsd.engine.thread import EngineThread  # noqa: E402
 from ladsd.sizing import engine_for  # noqa: E402
 from ladsd.workloads import controlled  # noqa: E402
+from ladsd.workloads import dilation as dil  # noqa: E402
 from ladsd.workloads.runner import tool_message  # noqa: E402
 from ladsd.workloads.spec import Workload  # noqa: E402
 
@@ -87,10 +91,12 @@ async def main_async(a: argparse.Namespace) -> dict:
     big = engine_for(prof, "infinite-cache")
     reuse, cached, kappa, dtype = await engine_time(wl, big, True)
     none, _, kappa2, _ = await engine_time(wl, big, False)
-    # The check on the CPU a pass runs: at the dilation a pass would measure here, the
-    # link is that much slower, so the ratios it would run at are these / d.
+    # The check on the CPU a pass runs: at the dilation a pass would measure here (its
+    # own probe, on the runs' engine), the link is that much slower, so the ratios it
+    # would run at are these / d.
     ref = kappa_ref(prof, dtype) if not a.model else None  # the profile's own model only
-    d = (kappa + kappa2) / 2 / ref if ref else 1.0
+    probe = await dil.measure(prof, dil.PASS_PROBES) if ref else None
+    d = probe.dilation if probe is not None else 1.0
     return {
         "profile": prof.name,
         "model": prof.engine.model,
@@ -102,7 +108,9 @@ async def main_async(a: argparse.Namespace) -> dict:
         "ratio_reuse": reuse / link,
         "ratio_noreuse": none / link,
         "cached_tokens_reuse": cached,
-        "kappa_s": [kappa, kappa2],
+        "kappa_s": [kappa, kappa2],  # the two calibration engines' (not used for d)
+        "pass_kappa_probes": list(probe.kappa_probes) if probe is not None else [],
+        "pass_kappa_s": probe.kappa_s if probe is not None else None,
         "dtype": dtype,
         "kappa_ref_s": ref,
         "dilation": d,
@@ -129,10 +137,14 @@ def main() -> None:
     t.add_row("engine, perfect reuse", f"{res['engine_reuse_s']:.1f}", f"{res['ratio_reuse']:.2f}")
     t.add_row("engine, no reuse", f"{res['engine_noreuse_s']:.1f}", f"{res['ratio_noreuse']:.2f}")
     Console().print(t)
-    print(f"kappa (one 512-token step) at the two engine starts: {res['kappa_s']}")
+    print(f"kappa (one 512-token step) at the two calibration engine starts: {res['kappa_s']}")
+    if res["pass_kappa_s"] is not None:
+        probes = ", ".join(f"{k * 1e3:.1f}" for k in res["pass_kappa_probes"])
+        med = res["pass_kappa_s"] * 1e3
+        print(f"the pass's probe (the runs' engine): {probes} ms, median {med:.1f}")
     print(f"dtype {res['dtype']} on {res['cpu_model']} ({' '.join(res['cpu_flags'])})")
     print(
-        f"at this CPU's dilation {res['dilation']:.2f} (mean kappa / reference "
+        f"at this CPU's pass dilation {res['dilation']:.2f} (probe kappa / reference "
         f"{res['kappa_ref_s']}): reuse {res['ratio_reuse_dilated']:.2f}, "
         f"no reuse {res['ratio_noreuse_dilated']:.2f} of the dilated link time"
     )

@@ -210,8 +210,9 @@ def pass_dilation(
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--dilation") from None
     else:
-        with console.status("measuring kappa once for the pass's link dilation ..."):
-            pd = asyncio.run(dil.measure(prof))
+        n = dil.PASS_PROBES
+        with console.status(f"measuring kappa ({n} probe engine starts) for the link dilation ..."):
+            pd = asyncio.run(dil.measure(prof, n))
     if out is not None and stored is None:
         dil.save(pd, out)
     console.print(describe_dilation(pd, stored is not None))

@@ -9,8 +9,9 @@ constant is multiplied by it.
 Contract:
 
 * ``d = kappa / kappa_ref(dtype)`` (:func:`of_kappa`): kappa (one 512-token step)
-  measured by a probe engine start (:func:`measure`), the reference of the dtype that
-  engine ran (:func:`ladsd.config.kappa_ref`); 1.0 where the profile has no reference.
+  measured by probe engine starts (:func:`measure`: the median of ``probes`` starts;
+  a compare pass takes :data:`PASS_PROBES`), the reference of the dtype that engine
+  ran (:func:`ladsd.config.kappa_ref`); 1.0 where the profile has no reference.
 * A *pass* (``ladsd replay``, ``ladsd compare``, ``bench/paper_cpu.sh``'s five
   compares into one folder) measures ``d`` once at its start and gives it to
   every run (``runner.run(..., dilation=d)``); a compare keeps it in
@@ -28,6 +29,7 @@ Contract:
 from __future__ import annotations
 
 import datetime
+import statistics
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,10 @@ from ladsd.engine import cpu
 from ladsd.workloads.spec import Workload
 
 FILE = "dilation.json"  # a compare folder's pass dilation
+# Probe engine starts of a compare pass; its kappa is their median. One start's kappa is
+# itself a median of 15 steps, yet it moved 28-67 ms between starts on one VM (issue 23,
+# AMD EPYC): a single probe could set a whole pass's link 2x off.
+PASS_PROBES = 3
 
 
 class DilationMismatch(ValueError):
@@ -51,7 +57,7 @@ class PassDilation:
 
     dilation: float
     source: str  # "measured" (a probe engine start), "given" (--dilation), "none" (no ref)
-    kappa_s: float | None = None  # the probe's kappa
+    kappa_s: float | None = None  # the probes' (median) kappa
     kappa_ref_s: float | None = None  # the profile's reference for ``dtype``
     dtype: str = ""
     profile: str = ""
@@ -59,10 +65,11 @@ class PassDilation:
     cpu_model: str = ""
     cpu_flags: tuple[str, ...] = ()
     measured: str = ""  # UTC time of the measurement
+    kappa_probes: tuple[float, ...] = ()  # each probe start's kappa (older files: none kept)
 
     def meta(self) -> dict[str, Any]:
         """What a run file records of its pass (besides ``dilation`` itself)."""
-        keys = ("source", "kappa_s", "kappa_ref_s", "dtype", "measured")
+        keys = ("source", "kappa_s", "kappa_ref_s", "dtype", "measured", "kappa_probes")
         return {k: getattr(self, k) for k in keys}
 
     def check(self, profile: Profile, where: Path) -> None:
@@ -104,26 +111,43 @@ def of_kappa(profile: Profile, kappa: float, dtype: str) -> float:
     return kappa / ref if ref and kappa > 0 else 1.0
 
 
-async def measure(profile: Profile) -> PassDilation:
-    """The pass's dilation: one probe engine start of ``profile``'s engine measures kappa.
+async def measure(profile: Profile, probes: int = 1) -> PassDilation:
+    """The pass's dilation: ``probes`` probe engine starts of ``profile``'s engine
+    measure kappa; the pass's is their median (a ``ladsd replay`` probes once, a
+    compare pass :data:`PASS_PROBES` times).
 
-    The probe builds the engine the runs build (model, dtype, step tokens) with no
+    A probe builds the engine the runs build (model, dtype, step tokens) with no
     leases, so its kappa is the one each run measures; without a reference for the
     dtype it ran, the dilation is 1.0.
     """
+    if probes < 1:
+        raise ValueError(f"probes must be at least 1, got {probes}")
     if not has_reference(profile):
         return none(profile)
     from ladsd.engine.thread import EngineThread
 
     lease = replace(profile.lease, enabled=False, kappa_s=None)
-    async with EngineThread(profile.engine, lease) as eng:
-        kappa, dtype = eng.kappa, eng.dtype
+    kappas: list[float] = []
+    dtype = ""
+    for _ in range(probes):
+        async with EngineThread(profile.engine, lease) as eng:
+            kappas.append(eng.kappa)
+            dtype = eng.dtype
+    kappa = statistics.median(kappas)
     ref = kappa_ref(profile, dtype)
     d = of_kappa(profile, kappa, dtype)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     return PassDilation(
-        d, "measured" if ref else "none", kappa, ref, dtype, profile.name,
-        profile.engine.model, measured=stamp, **_cpu(),
+        d,
+        "measured" if ref else "none",
+        kappa,
+        ref,
+        dtype,
+        profile.name,
+        profile.engine.model,
+        measured=stamp,
+        kappa_probes=tuple(kappas),
+        **_cpu(),
     )
 
 
@@ -146,6 +170,7 @@ def load(folder: Path) -> PassDilation | None:
     try:
         d = orjson.loads(path.read_bytes())
         d["cpu_flags"] = tuple(d.get("cpu_flags", ()))
+        d["kappa_probes"] = tuple(d.get("kappa_probes", ()))
         p = PassDilation(**d)
     except (orjson.JSONDecodeError, TypeError) as e:
         raise ValueError(f"{path} is not a pass dilation file: {e}") from None

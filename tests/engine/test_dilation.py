@@ -7,6 +7,7 @@ dilation and gives it to every run of its folder.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -180,9 +181,10 @@ def test_a_compare_pass_measures_one_dilation_and_applies_it_to_every_run(
     calls = []
     real = dil.measure
 
-    async def counted(prof: Profile) -> dil.PassDilation:
+    async def counted(prof: Profile, probes: int = 1) -> dil.PassDilation:
         calls.append(prof.name)
-        return await real(prof)
+        assert probes == dil.PASS_PROBES  # a compare pass takes the median of several
+        return await real(prof, probes)
 
     monkeypatch.setattr(dil, "measure", counted)
     out = tmp_path / "pass"
@@ -194,6 +196,8 @@ def test_a_compare_pass_measures_one_dilation_and_applies_it_to_every_run(
     assert "one for every run of this pass" in " ".join(res.output.split())  # rich wraps
     pd = orjson.loads((out / dil.FILE).read_bytes())
     assert pd["source"] == "measured" and pd["cpu_model"] == cpu.cpu_info().model
+    assert len(pd["kappa_probes"]) == dil.PASS_PROBES
+    assert pd["kappa_s"] == pytest.approx(statistics.median(pd["kappa_probes"]))
     # A resume that adds a policy measures nothing: the folder's pass dilation.
     res = invoke(*args, "--policies", "fifo,lads,cache-first")
     assert res.exit_code == 0, res.output
