@@ -10,9 +10,11 @@ leases, budget, turnover priority and bounded intervention, plus:
    cannot help a history the headroom rule refused.
 2. **Progress in the base order** (:func:`progress_first`): among frames
    near-equal under Cache-first's key, the workflow further along (more
-   reusable blocks, then older arrival) goes first. Near-equal: frame sizes
-   within one KV block of observation tokens (:class:`BytesPerToken`; the
-   derivation from the committed runs is in docs/design-decisions.md).
+   reusable blocks, then older arrival) goes first. Near-equal
+   (:meth:`LadsAdaptive.band_bytes`): every frame of Cache-first's residency
+   class, except in a headroom regime (rule 1's signal), where it is frame
+   sizes within one KV block of observation tokens (:class:`BytesPerToken`;
+   the data behind both is in docs/design-decisions.md).
 3. **Soft protection** (engine side, ``Retention.LADS_SESSION``): the waiting
    histories no lease holds get HEAR session's free-queue order (evicted
    last), at no budget cost (:mod:`ladsd.engine.lease_sessions`).
@@ -24,6 +26,7 @@ off Cache-first's), and LADS's own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -57,14 +60,15 @@ def headroom_regime(state: EngineState, now: float, max_age_s: float) -> bool:
 
 
 def regime_check(
-    state: EngineState, now: float, theta: float, max_age_s: float
+    state: EngineState, now: float, theta: float, max_age_s: float, headroom: bool | None = None
 ) -> tuple[bool, bool]:
     """Rule 1 and what it did: (acts, stood down), each condition evaluated once.
 
     Stood down: the spec's condition holds but the headroom regime holds it back.
+    ``headroom``: :func:`headroom_regime` if the caller has it already.
     """
     spec = override_active(state, now, theta, max_age_s)
-    if headroom_regime(state, now, max_age_s):
+    if headroom_regime(state, now, max_age_s) if headroom is None else headroom:
         return False, spec
     return spec, False
 
@@ -156,8 +160,10 @@ class BytesPerToken:
 
 @dataclass
 class _Note:
-    """What the hooks of one decision did (scratch, reset by every ``decide``)."""
+    """One decision's regime and band, and what its hooks did (reset by every ``decide``)."""
 
+    headroom: bool = False  # rule 1's signal, evaluated once per decision
+    band: float = 0.0  # rule 2's near-equal band (payload bytes) for this decision
     moved: bool = False
     stood_down: bool = False
 
@@ -181,16 +187,29 @@ class LadsAdaptive(Lads):
         self.bpt = BytesPerToken()
         self._note = _Note()
 
-    def band_bytes(self, view: SenderView) -> float:
+    def block_band(self, view: SenderView) -> float:
         """One KV block of observation tokens in payload bytes (0: nothing measured yet)."""
         bs = 0 if view.state is None else view.state.block_size
         return bs * self.bpt.per_token()
 
+    def band_bytes(self, view: SenderView, headroom: bool) -> float:
+        """Rule 2's near-equal band (ours): the whole residency class (``inf``), or one
+        KV block (:meth:`block_band`) in a headroom regime; 0 (Cache-first) with no state.
+
+        Why the regime decides (docs/design-decisions.md): with free blocks to spare,
+        the workflow further along goes first, as HEAR's order does; while grants are
+        refused for headroom, a larger frame sent first keeps the smaller ones' histories
+        unprotected for longer, and Cache-first's order wins again.
+        """
+        if view.state is None:
+            return 0.0
+        return self.block_band(view) if headroom else math.inf
+
     def base_order(self, view: SenderView) -> BaseOrder:
-        band, note = self.band_bytes(view), self._note
+        note = self._note
 
         def order(pending: Sequence[Pending], resident: Mapping[ContinuationId, int]) -> Pending:
-            choice, note.moved = progress_choice(pending, resident, band)
+            choice, note.moved = progress_choice(pending, resident, note.band)
             return choice
 
         return order
@@ -199,17 +218,21 @@ class LadsAdaptive(Lads):
         theta, age, note = self.theta, self.max_age_s, self._note
 
         def active(state: EngineState, now: float) -> bool:
-            on, note.stood_down = regime_check(state, now, theta, age)
+            on, note.stood_down = regime_check(state, now, theta, age, note.headroom)
             return on
 
         return active
 
     def decide(self, pending: Sequence[Pending], view: SenderView, now: float) -> Decision:
-        """LADS's decision; the hooks note what they did, so nothing is evaluated twice.
+        """LADS's decision; the regime is judged once and the hooks note what they did,
+        so nothing is evaluated twice.
 
         A stand-down counts only where the override hook decided (``INACTIVE``).
         """
         note = self._note  # reset in place: a hook built earlier writes the same note
+        st = view.state
+        note.headroom = st is not None and headroom_regime(st, now, self.max_age_s)
+        note.band = self.band_bytes(view, note.headroom)
         note.moved = note.stood_down = False
         d = super().decide(pending, view, now)
         stood = d.reason == INACTIVE and note.stood_down

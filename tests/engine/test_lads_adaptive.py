@@ -7,6 +7,8 @@ replay end to end on the real engine.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from ladsd.clock import ManualClock
@@ -164,20 +166,30 @@ def test_progress_tie_break_among_near_equal_frames(clock: ManualClock) -> None:
     # A cold frame is never near-equal to a resident one.
     assert progress_first([X, Y], {X.cid: 4}, band) == X
 
-    # The policy measures the band itself: 200 payload bytes for a 100-token observation.
+    # The policy's band: the whole residency class, unless recent failed grants are
+    # headroom refusals (rule 1's signal); then one block, which it measures itself
+    # (200 payload bytes for a 100-token observation).
     ada = make_policy("lads-adaptive")
     assert isinstance(ada, LadsAdaptive)
-    st = state(t, resident=tuple(res.items()), block_size=BS)
-    assert ada.choose([X, Y], view(st), t) == X  # no estimate yet: Cache-first
+    st = state(t, resident=((X.cid, 4), (Z.cid, 20)), block_size=BS)
+    assert ada.band_bytes(view(st), headroom=False) == math.inf
+    assert ada.choose([X, Z], view(st), t) == Z  # 100 bytes larger, but further along
+    refused = RefusalEvent(ContinuationId("Q", 1), t - 0.3, GEN, free=5, taken=60)
+    hr = state(t, resident=tuple(res.items()), block_size=BS, refusals=(refused,))
+    assert ada.choose([X, Y], view(hr), t) == X  # no estimate yet: Cache-first
     w1, w2 = item("w", p=100, prompt=100), item("w", p=200, prompt=220, turn=2)
     for it, out in ((w1, 20), (w2, 20)):
         ada.choose([it], view(st), t)
         ada.on_commit(it, t)
         ada.on_complete(it.cid, out, t)
-    assert ada.bpt.per_token() == pytest.approx(2.0) and ada.band_bytes(view(st)) == band
-    assert ada.choose([X, Y], view(st), t) == Y
+    assert ada.bpt.per_token() == pytest.approx(2.0)
+    assert ada.band_bytes(view(hr), headroom=True) == ada.block_band(view(hr)) == band
+    assert ada.choose([X, Y], view(hr), t) == Y  # within one block: further along
     ada.on_commit(Y, t)
     assert ada.stats()["progress"] == 1
+    hz = state(t, resident=((X.cid, 4), (Z.cid, 20)), block_size=BS, refusals=(refused,))
+    assert ada.choose([X, Z], view(hz), t) == X  # beyond one block: Cache-first's order
+    assert ada.band_bytes(view(None), headroom=False) == 0.0  # no state: Cache-first
     assert make_policy("lads").choose([X, Y], view(st), t) == X  # the paper's LADS: unchanged
 
 

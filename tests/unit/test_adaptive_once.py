@@ -89,7 +89,9 @@ def test_inactive_decision_evaluates_each_rule_once(calls: Counter[str]) -> None
     pol = LadsAdaptive()
     d = pol.decide(pending, view(st), T)
     assert isinstance(d, AdaptiveDecision)
-    assert d.reason == INACTIVE and d.choice == pending[0] and not d.stood_down
+    # The base order's choice: no headroom regime, so the whole class is near-equal and
+    # C, the furthest along (60 resident blocks), goes first.
+    assert d.reason == INACTIVE and d.choice == pending[2] and d.moved and not d.stood_down
     assert calls == {"cache_first": 1, "override_active": 1}
 
 
@@ -123,12 +125,19 @@ def test_progress_move_is_counted_from_one_base_order(calls: Counter[str]) -> No
     pol.choose([x, y], view(st), T)
     pol.on_commit(y, T)
     assert pol.stats()["progress"] == 1
-    # Clearly unequal frames: Cache-first's order stands, no move noted.
+    # Clearly unequal frames in a headroom regime (one block of band): Cache-first's
+    # order stands, no move noted; the regime is judged once for both rules.
     z = item("Z", 400, r=2.0, arrival=1.0)
+    refused = RefusalEvent(ContinuationId("Q", 1), T - 0.3, GEN, free=5, taken=60)
     st2 = EngineState(
-        time=T, seq=3, generation=GEN, resident=((x.cid, 4), (z.cid, 20)), block_size=BS
-    )
+        time=T, seq=3, generation=GEN, resident=((x.cid, 4), (z.cid, 20)), block_size=BS,
+        refusals=(refused,),
+    )  # fmt: skip
     calls.clear()
     d3 = pol.decide([x, z], view(st2), T)
     assert isinstance(d3, AdaptiveDecision) and d3.choice == x and not d3.moved
     assert calls["cache_first"] == 1
+    # Outside it the whole residency class is near-equal: Z, further along, goes first.
+    st3 = replace(st2, refusals=())
+    d4 = pol.decide([x, z], view(st3), T)
+    assert isinstance(d4, AdaptiveDecision) and d4.choice == z and d4.moved
