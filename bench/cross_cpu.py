@@ -27,14 +27,10 @@ from ladsd.metrics.summary import mean_latency, reduction
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import result_head  # noqa: E402
+from dilation import normalised as calibrated  # noqa: E402
 from rerender import Subset, runs_of  # noqa: E402
 
 Runs = dict[str, list[RunRecord]]
-
-
-def calibrated(run: RunRecord) -> float:
-    """Mean latency in calibrated seconds: raw / the run's (the pass's) dilation."""
-    return mean_latency(run) / float(run.meta.get("dilation", 1.0))
 
 
 def side(runs: Runs) -> dict[str, Any]:

@@ -380,6 +380,6 @@ class Runtime:
         link = self.sender.stats().get("control_bytes", 0)
         return int(link + self.state_bytes + self.engine.inventory_bytes)
 
-    def controller_cpu_s(self) -> tuple[float, float]:
+    def controller_cpu(self) -> tuple[float, float]:
         """(the sender's CPU in ``policy.choose``, the engine thread's in lease commands)."""
         return self.sender.decision_s, self.engine.command_cpu_s

@@ -31,7 +31,7 @@ runs vLLM's prefix-caching suite with it installed).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +121,10 @@ class LeaseBlockPool(BlockPool):
 
     def lease_ref(self, block_id: int, kind: LeaseKind = LeaseKind.LADS) -> int:
         return self.ledgers[kind].refs.get(block_id, 0)
+
+    def refs_of(self, kind: LeaseKind = LeaseKind.LADS) -> Mapping[int, int]:
+        """``kind``'s references per block id, read-only (only counts >= 1 are kept)."""
+        return self.ledgers[kind].refs
 
     def held_refs(self, block_id: int) -> int:
         """References of every kind on ``block_id`` (what ``ref_cnt`` holds beyond vLLM's)."""

@@ -223,22 +223,22 @@ class LeaseTable:
         """Leases at or past their deadline ``d_i``, in grant order."""
         return sorted((x for x in self.leases.values() if x.deadline <= now), key=lambda x: x.key)
 
-    # The three counts read this kind's ledger directly: they run per block of every
+    # The three counts read this kind's ledger in one lookup: they run per block of every
     # lease at each state published and each grant tried (controller CPU, issue 23).
 
     def delta(self, blocks: Iterable[KVCacheBlock]) -> int:
         """``Delta_i``: blocks no lease protects yet (each raises ``U`` by one)."""
-        refs = self.pool.ledgers[self.kind].refs
+        refs = self.pool.refs_of(self.kind)
         return sum(1 for b in blocks if b.block_id not in refs)
 
     def exclusive(self, lease: Lease) -> int:
         """``|E_i|``: blocks of the lease protected by no other lease."""
-        refs = self.pool.ledgers[self.kind].refs
+        refs = self.pool.refs_of(self.kind)
         return sum(1 for b in lease.blocks if refs.get(b.block_id) == 1)
 
     def gain(self, lease: Lease) -> int:
         """Free blocks a release would return now: held by this lease and nothing else."""
-        refs = self.pool.ledgers[self.kind].refs
+        refs = self.pool.refs_of(self.kind)
         return sum(1 for b in lease.blocks if b.ref_cnt == 1 and refs.get(b.block_id) == 1)
 
     def integrate(self, now: float) -> float:

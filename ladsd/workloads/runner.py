@@ -144,7 +144,7 @@ async def _run(
     render_tool = tool_message(eng.tokenizer)
     total = wl.continuations + len(wl.workflows)
     done = 0
-    cpu0 = rt.controller_cpu_s()
+    cpu0 = rt.controller_cpu()
     t0 = clock.now()
 
     async def flow(w: WorkflowSpec) -> WorkflowRecord:
@@ -271,7 +271,7 @@ def _counters(
     link = rt.sender.stats()
     out["control_bytes"] = rt.control_bytes()
     # ctrl CPU s and its two parts (extra counters: the tables show only the sum).
-    decide, command = (b - a for a, b in zip(cpu0, rt.controller_cpu_s(), strict=True))
+    decide, command = (b - a for a, b in zip(cpu0, rt.controller_cpu(), strict=True))
     out["controller_cpu_s"] = decide + command
     out["decision_cpu_s"] = decide
     out["command_cpu_s"] = command
