@@ -11,12 +11,12 @@ the subject (default: LADS adaptive) against each policy that ran:
 - the pair's A/A floor in each view (``peer_compare.pair_floor``: per seed the
   larger |repeat 2 vs 1| of the two, averaged);
 - a verdict per view: ``ahead`` (mean reduction above the floor), ``tie``
-  (within it) or ``behind``; and whether the sign held on every seed.
+  (within it) or ``behind``; and whether the subject was faster on every seed.
 
 Seeds listed in ``--held-out`` are marked ``*`` in the headers. It measures
 nothing; ``--md`` and ``--json`` write what it prints.
 
-    .venv/bin/python bench/versus.py bench/results/issue23-captured --workload captured \
+    .venv/bin/python bench/versus.py bench/results/issue23-pass/captured --workload captured \
         --seeds 1,2,3,4,5 --held-out 4,5
 """
 
@@ -33,7 +33,7 @@ import orjson
 from ladsd.delivery.registry import label, ordered
 from ladsd.metrics.events import RunRecord
 from ladsd.metrics.peer_compare import pair_floor
-from ladsd.metrics.summary import mean, mean_latency, noise_floor, reduction, seed_metric
+from ladsd.metrics.summary import mean_latency, noise_floor, reductions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dilation import runs_by_policy  # noqa: E402
@@ -49,8 +49,6 @@ def per_run(run: RunRecord) -> float:
 
 VIEWS: dict[str, Metric] = {"raw": mean_latency, "normalised": per_run}
 TITLES = {
-    # In a one-dilation pass, dividing by the pass's dilation scales every run alike,
-    # so raw reductions are also the calibrated-seconds ones.
     "raw": "raw (in a one-dilation pass also normalised by the pass dilation)",
     "normalised": "normalised by each run's own kappa (the per-run check)",
 }
@@ -66,32 +64,26 @@ def verdict(red: float, floor: float | None) -> str:
 def compare(
     runs: dict[str, dict[int, list[RunRecord]]], subject: str, seeds: Sequence[int]
 ) -> list[dict[str, Any]]:
-    """The subject vs every other policy in ``runs``, in the tables' order."""
+    """The subject vs every other policy in ``runs``, in the tables' order, each pair on
+    the seeds both ran (``summary.reductions`` and ``noise_floor`` do the arithmetic)."""
     if subject not in runs:
         raise SystemExit(f"no runs of {subject!r} (have: {', '.join(sorted(runs))})")
-    mine = runs[subject]
     rows = []
     for p in ordered(runs):
-        if p == subject:
+        shared = [s for s in seeds if s in runs[p] and s in runs[subject]]
+        if p == subject or not shared:
             continue
-        shared = [s for s in seeds if s in runs[p] and s in mine]
-        if not shared:
-            continue
+        pair = {q: [r for s in shared for r in runs[q][s]] for q in (p, subject)}
         row: dict[str, Any] = {"policy": p, "label": label(p), "seeds": shared}
         for view, m in VIEWS.items():
-            per = {
-                s: reduction(seed_metric(runs[p][s], m), seed_metric(mine[s], m)) for s in shared
-            }
-            flat = {q: [r for s in shared for r in runs[q][s]] for q in (p, subject)}
-            noise = noise_floor(flat, m)
-            floor = pair_floor(noise, subject, p)
-            red = mean(per.values())
+            red = reductions(pair, subject, [p], m)[p]
+            floor = pair_floor(noise_floor(pair, m), subject, p)
             row[view] = {
-                "per_seed": per,
-                "mean": red,
+                "per_seed": red.per_seed,
+                "mean": red.mean,
                 "aa_floor": floor,
-                "verdict": verdict(red, floor),
-                "every_seed": all(v > 0 for v in per.values()),
+                "verdict": verdict(red.mean, floor),
+                "every_seed": all(v > 0 for v in red.per_seed.values()),
             }
         rows.append(row)
     return rows
