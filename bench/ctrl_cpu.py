@@ -11,8 +11,13 @@ policy's ratio of the means to FIFO's, the A/A ratios and the wall time;
 ``--json`` writes the commit, argv, CPU model and flags (``result_head``) with
 every run's dtype, dilation and decision counters. Measures; never asserts.
 Run it alone on the machine: other load moves CPU seconds.
+``--from FOLDER --tag TAG`` runs nothing: it reads the run files a pass already
+wrote there (or their ``runs.tar.xz``) and prints the same parts and ratios over
+every seed and repeat of the listed policies.
 
     .venv/bin/python bench/ctrl_cpu.py --profile smoke
+    .venv/bin/python bench/ctrl_cpu.py --from bench/results/issue23-pass/captured-scaled \
+        --tag captured-scaled-cpu
     .venv/bin/python bench/ctrl_cpu.py --profile cpu --workload controlled --json /tmp/ctrl.json
 """
 
@@ -32,6 +37,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, result_head  # noqa: E402
+from rerender import run_dir  # noqa: E402
 
 POLICIES = ("fifo", "lads", "lads-adaptive")  # FIFO first: the others' ratios are to it
 # Decision counters kept per run: the same choices show as the same counts.
@@ -83,6 +89,34 @@ def replay(policy: str, a: argparse.Namespace, dilation: float | None, tmp: Path
     return rec
 
 
+def read(folder: Path, tag: str, policies: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rows of the run files ``TAG-*.json`` in ``folder`` (or its pack) of ``policies``."""
+    rows = []
+    for path in sorted(run_dir(folder).glob(f"{tag}-*.json")):
+        rec = orjson.loads(path.read_bytes())
+        if isinstance(rec, dict) and rec.get("policy") in policies:
+            rows.append(row(rec["policy"], 0, rec | {"wall_s": None}))
+    return rows
+
+
+def summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
+    """Per policy: runs, mean ctrl CPU (min-max), its two parts, the ratio to FIFO."""
+    missing = [p for p in policies if not any(r["policy"] == p for r in rows)]
+    if missing:
+        sys.exit(f"no runs of {', '.join(map(repr, missing))}")
+    res = report(rows, policies)
+    for p in policies:
+        rs = [r for r in rows if r["policy"] == p]
+        cpu = [r["controller_cpu_s"] for r in rs]
+        part = {k: statistics.mean(r[k] for r in rs) for k in ("decision_cpu_s", "command_cpu_s")}
+        over = f"{res[f'{p}_over_fifo']:.2f}x" if p != "fifo" else "1.00x"
+        print(
+            f"{p:22s} {len(rs):2d} runs: ctrl CPU {statistics.mean(cpu):.3f} s "
+            f"({min(cpu):.3f}-{max(cpu):.3f}; decide {part['decision_cpu_s']:.3f}, "
+            f"engine {part['command_cpu_s']:.3f}) / FIFO {over}"
+        )
+
+
 def row(policy: str, repeat: int, rec: dict) -> dict[str, Any]:
     meta, c = rec["meta"], rec["counters"]
     return {
@@ -129,7 +163,12 @@ def main() -> None:
     ap.add_argument("--dilation", type=float, default=None, help="[default: measured once]")
     ap.add_argument("--policies", type=parse_policies, default=POLICIES, help="fifo first")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")
+    ap.add_argument("--from", dest="src", type=Path, default=None, help="read a pass's runs")
+    ap.add_argument("--tag", default="", help="with --from: the run files' prefix")
     a = ap.parse_args()
+    if a.src:
+        summary(read(a.src, a.tag, a.policies), a.policies)
+        return
     t0 = time.perf_counter()
     rows: list[dict[str, Any]] = []
     dilation = a.dilation
