@@ -37,7 +37,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, result_head  # noqa: E402
-from rerender import run_dir  # noqa: E402
+from rerender import Subset, runs_of  # noqa: E402
+
+from ladsd.metrics.summary import repeat_of  # noqa: E402
 
 POLICIES = ("fifo", "lads", "lads-adaptive")  # FIFO first: the others' ratios are to it
 # Decision counters kept per run: the same choices show as the same counts.
@@ -90,13 +92,13 @@ def replay(policy: str, a: argparse.Namespace, dilation: float | None, tmp: Path
 
 
 def read(folder: Path, tag: str, policies: tuple[str, ...]) -> list[dict[str, Any]]:
-    """The rows of the run files ``TAG-*.json`` in ``folder`` (or its pack) of ``policies``."""
-    rows = []
-    for path in sorted(run_dir(folder).glob(f"{tag}-*.json")):
-        rec = orjson.loads(path.read_bytes())
-        if isinstance(rec, dict) and rec.get("policy") in policies:
-            rows.append(row(rec["policy"], 0, rec | {"wall_s": None}))
-    return rows
+    """The rows of ``policies``' runs of ``tag`` in ``folder`` (or its pack), by seed, repeat."""
+    runs = runs_of(folder, tag, Subset(tag, policies=policies))
+    return [
+        row(p, repeat_of(r), {"meta": r.meta, "counters": r.counters, "wall_s": None})
+        for p in policies
+        for r in runs.get(p, [])
+    ]
 
 
 def summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
@@ -167,6 +169,8 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="with --from: the run files' prefix")
     a = ap.parse_args()
     if a.src:
+        if not a.tag:
+            ap.error("--from needs --tag (the run files' prefix, e.g. captured-scaled-cpu)")
         summary(read(a.src, a.tag, a.policies), a.policies)
         return
     t0 = time.perf_counter()
