@@ -20,8 +20,8 @@
 #                      [--profile NAME] [--peers] [--dilation D] [--dtype D]
 #                      (OUT=dir to write elsewhere)
 #   --peers adds the neighbouring designs (augserve, hear-*, ttl-pin, augserve+lads;
-#   README, Peers) to controlled cohort-8, web-burst, captured and captured-scaled
-#   (not cohort-16).
+#   README, Peers) to every workload, cohort-16 too (issue 23's must-show asks for
+#   them everywhere; before 2026-12-03 cohort-16 ran none).
 # The earlier 1/8-scale results re-render (nothing runs) with
 #   OUT=bench/results/cpu-eighth bench/paper_cpu.sh --profile cpu-eighth --repeats 1
 #   (and --workload controlled-c16 --policies fifo,lads,infinite-cache for their c16 row).
@@ -68,7 +68,7 @@ compare() {  # name workload default-seeds [extra args]
     --policies "$POLICIES" --repeats "$REPEATS" --out "$OUT" "${EXTRA[@]}" "${DILATION[@]}" "${DTYPE[@]}" "$@"
 }
 compare controlled controlled 1,2,3,4,5 --cohort 8 "${PEERS[@]}"
-compare controlled-c16 controlled 1,2,3 --cohort 16
+compare controlled-c16 controlled 1,2,3 --cohort 16 "${PEERS[@]}"
 compare web-burst web-burst 1,2,3 "${PEERS[@]}"
 compare captured captured 1,2,3 "${PEERS[@]}"
 # The pool rule leaves captured-scaled on the thrash side of a cliff (README, Results):
