@@ -8,13 +8,12 @@ leases, budget, turnover priority and bounded intervention, plus:
    are budget denials and stands down while they are headroom refusals: a
    handoff returns quota (``U``) but frees no block (``F``), so a promotion
    cannot help a history the headroom rule refused.
-2. **Progress in the base order** (:func:`progress_first`): among frames
-   near-equal under Cache-first's key, the workflow further along (more
-   reusable blocks, then older arrival) goes first. Near-equal
-   (:meth:`LadsAdaptive.band_bytes`): every frame of Cache-first's residency
-   class, except in a headroom regime (rule 1's signal), where it is frame
-   sizes within one KV block of observation tokens (:class:`BytesPerToken`;
-   the data behind both is in docs/design-decisions.md).
+2. **Progress in the base order** (:func:`progress_first`): among the frames
+   of Cache-first's choice's residency class (as resident, or as cold), the
+   workflow further along (more reusable blocks, then older arrival) goes
+   first; with no engine state yet, Cache-first itself. Until 2026-12-03 the
+   class narrowed to one KV block of frame size in a headroom regime; the runs
+   that dropped that are in docs/design-decisions.md.
 3. **Soft protection** (engine side, ``Retention.LADS_SESSION``): the waiting
    histories no lease holds get HEAR session's free-queue order (evicted
    last), at no budget cost (:mod:`ladsd.engine.lease_sessions`).
@@ -26,7 +25,6 @@ off Cache-first's), and LADS's own.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -35,8 +33,6 @@ from ladsd.delivery.lads import INACTIVE, Active, BaseOrder, Decision, Lads, ove
 from ladsd.delivery.policy import Pending, SenderView
 from ladsd.modes import Retention
 from ladsd.records import ContinuationId, DenialEvent, EngineState, RefusalEvent
-
-HISTORY_CAP = 4096  # workflows whose history length is remembered (bounded memory)
 
 
 def failed_grants(state: EngineState, now: float, max_age_s: float) -> tuple[int, int]:
@@ -89,81 +85,31 @@ def progress_key(item: Pending, resident: Mapping[ContinuationId, int]) -> tuple
 
 
 def progress_choice(
-    pending: Sequence[Pending], resident: Mapping[ContinuationId, int], band_bytes: float
+    pending: Sequence[Pending], resident: Mapping[ContinuationId, int]
 ) -> tuple[Pending, bool]:
-    """Rule 2 and what it did: (the choice, moved off Cache-first's choice).
+    """Rule 2 and what it did: (the choice, moved off Cache-first's choice ``b``).
 
-    Near-equal to the Cache-first choice ``b``: as cold (or as resident) as
-    ``b`` and a frame less than ``band_bytes`` larger (``b`` is the smallest
-    of its class). Among those, :func:`progress_key` decides. ``band_bytes <=
-    0`` is Cache-first itself.
+    Near-equal to ``b``: every frame as cold (or as resident) as ``b``; among
+    those, :func:`progress_key` decides.
     """
     base = cache_first(pending, resident)
-    if band_bytes <= 0:
-        return base, False
     cold = resident.get(base.cid, 0) <= 0
-    near = [
-        it
-        for it in pending
-        if (resident.get(it.cid, 0) <= 0) == cold and it.frame_bytes - base.frame_bytes < band_bytes
-    ]
+    near = [it for it in pending if (resident.get(it.cid, 0) <= 0) == cold]
     choice = min(near, key=lambda it: progress_key(it, resident))
     return choice, choice.cid != base.cid
 
 
-def progress_first(
-    pending: Sequence[Pending], resident: Mapping[ContinuationId, int], band_bytes: float
-) -> Pending:
-    """Rule 2 (ours): Cache-first's choice, or a near-equal frame further along
+def progress_first(pending: Sequence[Pending], resident: Mapping[ContinuationId, int]) -> Pending:
+    """Rule 2 (ours): the furthest-along frame of Cache-first's choice's residency class
     (:func:`progress_choice`)."""
-    return progress_choice(pending, resident, band_bytes)[0]
-
-
-class BytesPerToken:
-    """Payload bytes per observation token, measured causally from the sender's own commits.
-
-    A continuation's observation is its prompt less the previous call's
-    prompt and output (``on_commit`` gives the prompt, ``on_complete`` the
-    output); the estimate pools every such pair seen (ours). 0 until one is.
-    """
-
-    def __init__(self) -> None:
-        self.bytes = 0
-        self.tokens = 0
-        self.sent: dict[str, int] = {}  # workflow -> prompt tokens of its committed call
-        self.history: dict[str, int] = {}  # workflow -> prompt + output of its last call
-
-    def commit(self, item: Pending) -> None:
-        w = item.cid.workflow
-        before = self.history.pop(w, None)
-        obs = item.prompt_tokens - before if before is not None else 0
-        if obs > 0 and item.payload_bytes > 0:
-            self.bytes += item.payload_bytes
-            self.tokens += obs
-        self.sent[w] = item.prompt_tokens
-        self._bound(self.sent)
-
-    def complete(self, cid: ContinuationId, output_tokens: int) -> None:
-        prompt = self.sent.pop(cid.workflow, None)
-        if prompt is not None:
-            self.history[cid.workflow] = prompt + output_tokens
-            self._bound(self.history)
-
-    def per_token(self) -> float:
-        return self.bytes / self.tokens if self.tokens else 0.0
-
-    @staticmethod
-    def _bound(d: dict[str, int]) -> None:
-        while len(d) > HISTORY_CAP:  # the oldest entry goes (insertion order)
-            del d[next(iter(d))]
+    return progress_choice(pending, resident)[0]
 
 
 @dataclass
 class _Note:
-    """One decision's regime and band, and what its hooks did (reset by every ``decide``)."""
+    """One decision's regime, and what its hooks did (reset by every ``decide``)."""
 
     headroom: bool = False  # rule 1's signal, evaluated once per decision
-    band: float = 0.0  # rule 2's near-equal band (payload bytes) for this decision
     moved: bool = False
     stood_down: bool = False
 
@@ -184,32 +130,16 @@ class LadsAdaptive(Lads):
         self, *, theta: float = 0.75, max_age_s: float = 1.0, uses_leases: bool | None = None
     ) -> None:
         super().__init__(theta=theta, max_age_s=max_age_s, uses_leases=uses_leases)
-        self.bpt = BytesPerToken()
         self._note = _Note()
-
-    def block_band(self, view: SenderView) -> float:
-        """One KV block of observation tokens in payload bytes (0: nothing measured yet)."""
-        bs = 0 if view.state is None else view.state.block_size
-        return bs * self.bpt.per_token()
-
-    def band_bytes(self, view: SenderView, headroom: bool) -> float:
-        """Rule 2's near-equal band (ours): the whole residency class (``inf``), or one
-        KV block (:meth:`block_band`) in a headroom regime; 0 (Cache-first) with no state.
-
-        Why the regime decides (docs/design-decisions.md): with free blocks to spare,
-        the workflow further along goes first, as HEAR's order does; while grants are
-        refused for headroom, a larger frame sent first keeps the smaller ones' histories
-        unprotected for longer, and Cache-first's order wins again.
-        """
-        if view.state is None:
-            return 0.0
-        return self.block_band(view) if headroom else math.inf
 
     def base_order(self, view: SenderView) -> BaseOrder:
         note = self._note
 
+        if view.state is None:  # nothing known of residency yet: Cache-first itself
+            return cache_first
+
         def order(pending: Sequence[Pending], resident: Mapping[ContinuationId, int]) -> Pending:
-            choice, note.moved = progress_choice(pending, resident, note.band)
+            choice, note.moved = progress_choice(pending, resident)
             return choice
 
         return order
@@ -232,7 +162,6 @@ class LadsAdaptive(Lads):
         note = self._note  # reset in place: a hook built earlier writes the same note
         st = view.state
         note.headroom = st is not None and headroom_regime(st, now, self.max_age_s)
-        note.band = self.band_bytes(view, note.headroom)
         note.moved = note.stood_down = False
         d = super().decide(pending, view, now)
         stood = d.reason == INACTIVE and note.stood_down
@@ -241,21 +170,15 @@ class LadsAdaptive(Lads):
     def on_commit(self, item: Pending, now: float) -> None:
         d = self._preview
         super().on_commit(item, now)
-        self.bpt.commit(item)
         if isinstance(d, AdaptiveDecision) and d.choice.cid == item.cid:
             self.counts["progress"] += int(d.moved)
             self.counts["stood_down"] += int(d.stood_down)
-
-    def on_complete(self, cid: ContinuationId, output_tokens: int, now: float) -> None:
-        super().on_complete(cid, output_tokens, now)
-        self.bpt.complete(cid, output_tokens)
 
     def stats(self) -> dict[str, int]:
         return {"progress": 0, "stood_down": 0, **super().stats()}
 
 
 __all__ = [
-    "BytesPerToken",
     "LadsAdaptive",
     "failed_grants",
     "headroom_regime",

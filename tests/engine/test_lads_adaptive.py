@@ -7,8 +7,6 @@ replay end to end on the real engine.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from ladsd.clock import ManualClock
@@ -18,7 +16,6 @@ from ladsd.delivery import make_policy
 from ladsd.delivery.cache_first import cache_first
 from ladsd.delivery.lads import override_active
 from ladsd.delivery.lads_adaptive import (
-    BytesPerToken,
     LadsAdaptive,
     failed_grants,
     progress_first,
@@ -92,17 +89,18 @@ def test_override_stands_down_on_headroom_refusals_and_acts_on_budget_denials(
     t = clock()
     refused = RefusalEvent(ContinuationId("C", 1), t - 0.3, GEN, free=5, taken=60)
     pending, st = capped(clock, refusals=(refused,))
-    A, B, _ = pending
+    _, B, C = pending
     # The spec's condition holds (U >= theta * C): the paper's LADS promotes B ...
     assert override_active(st, t, 0.75, 1.0)
     assert make_policy("lads").choose(pending, view(st), t) == B
     # ... but C was refused by the headroom rule: B's handoff returns quota, frees no
-    # block, so the adaptive override stands down and Cache-first's A goes.
+    # block, so the adaptive override stands down and the base order's choice goes
+    # (rule 2: C, the furthest along, 60 resident blocks).
     assert failed_grants(st, t, 1.0) == (0, 1)
     assert not regime_override(st, t, 0.75, 1.0)
     ada = make_policy("lads-adaptive")
-    assert ada.choose(pending, view(st), t) == A
-    ada.on_commit(A, t)
+    assert ada.choose(pending, view(st), t) == C
+    ada.on_commit(C, t)
     assert ada.stats()["stood_down"] == 1 and ada.stats()["promotions"] == 0
 
     denied = DenialEvent(ContinuationId("C", 1), t - 0.3, GEN, delta=60, budget=100, used=100)
@@ -149,61 +147,33 @@ def test_the_engine_publishes_headroom_refusals_of_the_current_generation() -> N
 # -- rule 2: progress in the base order -------------------------------------------------
 
 
-def test_progress_tie_break_among_near_equal_frames(clock: ManualClock) -> None:
+def test_progress_tie_break_within_the_residency_class(clock: ManualClock) -> None:
     t = clock()
-    band = BS * 2.0  # one block of observation tokens at 2 payload bytes per token
     X = item("X", p=300, r=1.0, arrival=5.0)  # smallest frame, fewer reusable blocks
-    Y = item("Y", p=310, r=2.0, arrival=1.0)  # 10 bytes more: near-equal, further along
-    res = {X.cid: 4, Y.cid: 20}
-    assert cache_first([X, Y], res) == X
-    assert progress_first([X, Y], res, band) == Y
-    assert progress_first([X, Y], res, 0.0) == X  # nothing measured: Cache-first itself
-    # Clearly unequal (100 bytes > one block): Cache-first's order stays.
-    Z = item("Z", p=400, r=2.0, arrival=1.0)
-    assert progress_first([X, Z], {X.cid: 4, Z.cid: 20}, band) == X
+    Z = item("Z", p=400, r=2.0, arrival=1.0)  # larger frame, further along
+    res = {X.cid: 4, Z.cid: 20}
+    assert cache_first([X, Z], res) == X
+    assert progress_first([X, Z], res) == Z
     # Same reusable blocks: the older workflow goes first.
-    assert progress_first([X, Y], {X.cid: 20, Y.cid: 20}, band) == Y
-    # A cold frame is never near-equal to a resident one.
-    assert progress_first([X, Y], {X.cid: 4}, band) == X
+    assert progress_first([X, Z], {X.cid: 20, Z.cid: 20}) == Z
+    # A cold frame is never near-equal to a resident one, however old its workflow.
+    assert progress_first([X, Z], {X.cid: 4}) == X
+    # Among cold frames, the older workflow goes first.
+    assert progress_first([X, Z], {}) == Z
 
-    # The policy's band: the whole residency class, unless recent failed grants are
-    # headroom refusals (rule 1's signal); then one block, which it measures itself
-    # (200 payload bytes for a 100-token observation).
+    # The policy: the same order with and without a headroom regime (rule 1's
+    # signal); with no engine state yet, Cache-first itself.
     ada = make_policy("lads-adaptive")
     assert isinstance(ada, LadsAdaptive)
-    st = state(t, resident=((X.cid, 4), (Z.cid, 20)), block_size=BS)
-    assert ada.band_bytes(view(st), headroom=False) == math.inf
-    assert ada.choose([X, Z], view(st), t) == Z  # 100 bytes larger, but further along
+    st = state(t, resident=tuple(res.items()), block_size=BS)
+    assert ada.choose([X, Z], view(st), t) == Z
+    ada.on_commit(Z, t)
+    assert ada.stats()["progress"] == 1
     refused = RefusalEvent(ContinuationId("Q", 1), t - 0.3, GEN, free=5, taken=60)
     hr = state(t, resident=tuple(res.items()), block_size=BS, refusals=(refused,))
-    assert ada.choose([X, Y], view(hr), t) == X  # no estimate yet: Cache-first
-    w1, w2 = item("w", p=100, prompt=100), item("w", p=200, prompt=220, turn=2)
-    for it, out in ((w1, 20), (w2, 20)):
-        ada.choose([it], view(st), t)
-        ada.on_commit(it, t)
-        ada.on_complete(it.cid, out, t)
-    assert ada.bpt.per_token() == pytest.approx(2.0)
-    assert ada.band_bytes(view(hr), headroom=True) == ada.block_band(view(hr)) == band
-    assert ada.choose([X, Y], view(hr), t) == Y  # within one block: further along
-    ada.on_commit(Y, t)
-    assert ada.stats()["progress"] == 1
-    hz = state(t, resident=((X.cid, 4), (Z.cid, 20)), block_size=BS, refusals=(refused,))
-    assert ada.choose([X, Z], view(hz), t) == X  # beyond one block: Cache-first's order
-    assert ada.band_bytes(view(None), headroom=False) == 0.0  # no state: Cache-first
-    assert make_policy("lads").choose([X, Y], view(st), t) == X  # the paper's LADS: unchanged
-
-
-def test_bytes_per_token_is_causal_and_bounded() -> None:
-    b = BytesPerToken()
-    first = item("w", p=500, prompt=300)
-    b.commit(first)  # no previous call known: no sample
-    assert b.per_token() == 0.0
-    b.complete(first.cid, 50)
-    b.commit(item("w", p=300, prompt=450, turn=2))  # 450 - (300 + 50) = 100 tokens
-    assert b.per_token() == pytest.approx(3.0)
-    for k in range(5000):
-        b.commit(item(f"x{k}", prompt=10))
-    assert len(b.sent) <= 4096 and len(b.history) <= 4096
+    assert ada.choose([X, Z], view(hr), t) == Z
+    assert ada.choose([X, Z], view(None), t) == X  # no state: Cache-first
+    assert make_policy("lads").choose([X, Z], view(st), t) == X  # the paper's LADS: unchanged
 
 
 # -- rule 3: soft protection on vLLM's real free queue ----------------------------------
