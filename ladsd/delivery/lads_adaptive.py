@@ -56,15 +56,14 @@ def headroom_regime(state: EngineState, now: float, max_age_s: float) -> bool:
 
 
 def regime_check(
-    state: EngineState, now: float, theta: float, max_age_s: float, headroom: bool | None = None
+    state: EngineState, now: float, theta: float, max_age_s: float
 ) -> tuple[bool, bool]:
     """Rule 1 and what it did: (acts, stood down), each condition evaluated once.
 
     Stood down: the spec's condition holds but the headroom regime holds it back.
-    ``headroom``: :func:`headroom_regime` if the caller has it already.
     """
     spec = override_active(state, now, theta, max_age_s)
-    if headroom_regime(state, now, max_age_s) if headroom is None else headroom:
+    if headroom_regime(state, now, max_age_s):
         return False, spec
     return spec, False
 
@@ -107,9 +106,8 @@ def progress_first(pending: Sequence[Pending], resident: Mapping[ContinuationId,
 
 @dataclass
 class _Note:
-    """One decision's regime, and what its hooks did (reset by every ``decide``)."""
+    """What one decision's hooks did (reset by every ``decide``)."""
 
-    headroom: bool = False  # rule 1's signal, evaluated once per decision
     moved: bool = False
     stood_down: bool = False
 
@@ -133,10 +131,9 @@ class LadsAdaptive(Lads):
         self._note = _Note()
 
     def base_order(self, view: SenderView) -> BaseOrder:
-        note = self._note
-
         if view.state is None:  # nothing known of residency yet: Cache-first itself
             return cache_first
+        note = self._note
 
         def order(pending: Sequence[Pending], resident: Mapping[ContinuationId, int]) -> Pending:
             choice, note.moved = progress_choice(pending, resident)
@@ -148,20 +145,17 @@ class LadsAdaptive(Lads):
         theta, age, note = self.theta, self.max_age_s, self._note
 
         def active(state: EngineState, now: float) -> bool:
-            on, note.stood_down = regime_check(state, now, theta, age, note.headroom)
+            on, note.stood_down = regime_check(state, now, theta, age)
             return on
 
         return active
 
     def decide(self, pending: Sequence[Pending], view: SenderView, now: float) -> Decision:
-        """LADS's decision; the regime is judged once and the hooks note what they did,
-        so nothing is evaluated twice.
+        """LADS's decision; the hooks note what they did, so nothing is evaluated twice.
 
         A stand-down counts only where the override hook decided (``INACTIVE``).
         """
         note = self._note  # reset in place: a hook built earlier writes the same note
-        st = view.state
-        note.headroom = st is not None and headroom_regime(st, now, self.max_age_s)
         note.moved = note.stood_down = False
         d = super().decide(pending, view, now)
         stood = d.reason == INACTIVE and note.stood_down

@@ -114,8 +114,7 @@ def test_progress_move_is_counted_from_one_base_order(calls: Counter[str]) -> No
     pol.choose([x, z], view(st), T)
     pol.on_commit(z, T)
     assert pol.stats()["progress"] == 1
-    # In a headroom regime too (rule 1's signal, judged once for both rules): the
-    # whole residency class is near-equal, Z still goes first.
+    # In a headroom regime too (rule 1's signal) the whole class is near-equal: Z goes first.
     refused = RefusalEvent(ContinuationId("Q", 1), T - 0.3, GEN, free=5, taken=60)
     calls.clear()
     d2 = pol.decide([x, z], view(replace(st, refusals=(refused,))), T)
