@@ -8,12 +8,16 @@ leases, budget, turnover priority and bounded intervention, plus:
    are budget denials and stands down while they are headroom refusals: a
    handoff returns quota (``U``) but frees no block (``F``), so a promotion
    cannot help a history the headroom rule refused.
-2. **Progress in the base order** (:func:`progress_first`): among the frames
-   of Cache-first's choice's residency class (as resident, or as cold), the
-   workflow further along (more reusable blocks, then older arrival) goes
-   first; with no engine state yet, Cache-first itself. Until 2026-12-03 the
-   class narrowed to one KV block of frame size in a headroom regime; the runs
-   that dropped that are in docs/design-decisions.md.
+2. **Progress in the base order** (:func:`progress_first`): Smith's rule
+   within Cache-first's residency classes. Among resident frames, the
+   smallest ``frame bytes / |P_i|`` goes first: a frame's link time is what
+   it costs every frame behind it, its reusable blocks what its workflow
+   risks while it waits. So the workflow further along passes a smaller frame
+   only when its frame is smaller per block it protects; no band is tuned.
+   Cold frames protect nothing and stay in Cache-first's order. With no
+   engine state yet, Cache-first itself. (Before 2026-12-04 progress ruled
+   the whole class, and before 2026-12-03 a one-block band of frame size:
+   docs/design-decisions.md.)
 3. **Soft protection** (engine side, ``Retention.LADS_SESSION``): the waiting
    histories no lease holds get HEAR session's free-queue order (evicted
    last), at no budget cost (:mod:`ladsd.engine.lease_sessions`).
@@ -79,28 +83,33 @@ def regime_override(state: EngineState, now: float, theta: float, max_age_s: flo
 
 
 def progress_key(item: Pending, resident: Mapping[ContinuationId, int]) -> tuple:
-    """Further along first (ours): more reusable blocks, older workflow, then ``k_i``."""
-    return (-resident.get(item.cid, 0), item.workflow_arrival, cache_key(item, resident))
+    """Smith's rule on the residency classes (ours): ``(cold?, bytes / |P_i|, arrival, k_i)``.
+
+    Exchange argument: sending ``b`` before ``a`` delays ``a`` by ``bytes_b / R``
+    and saves ``b`` ``bytes_a / R``; weighting each wait by the blocks it puts at
+    risk (``|P_i|``), ``b`` goes first iff ``bytes_b / |P_b| < bytes_a / |P_a|``.
+    A cold frame (``|P_i| = 0``) weighs 1: Cache-first's smaller-frames-first.
+    Equal ratios: the older workflow, then ``k_i``.
+    """
+    p = resident.get(item.cid, 0)
+    return (p <= 0, item.frame_bytes / max(p, 1), item.workflow_arrival, cache_key(item, resident))
 
 
 def progress_choice(
     pending: Sequence[Pending], resident: Mapping[ContinuationId, int]
 ) -> tuple[Pending, bool]:
-    """Rule 2 and what it did: (the choice, moved off Cache-first's choice ``b``).
+    """Rule 2 and what it did: (the choice, moved off Cache-first's choice).
 
-    Near-equal to ``b``: every frame as cold (or as resident) as ``b``; among
-    those, :func:`progress_key` decides.
+    The residency class comes first in :func:`progress_key`, so the choice is
+    always in Cache-first's choice's class.
     """
-    base = cache_first(pending, resident)
-    cold = resident.get(base.cid, 0) <= 0
-    near = [it for it in pending if (resident.get(it.cid, 0) <= 0) == cold]
-    choice = min(near, key=lambda it: progress_key(it, resident))
-    return choice, choice.cid != base.cid
+    choice = min(pending, key=lambda it: progress_key(it, resident))
+    return choice, choice.cid != cache_first(pending, resident).cid
 
 
 def progress_first(pending: Sequence[Pending], resident: Mapping[ContinuationId, int]) -> Pending:
-    """Rule 2 (ours): the furthest-along frame of Cache-first's choice's residency class
-    (:func:`progress_choice`)."""
+    """Rule 2 (ours): Smith's rule within Cache-first's residency classes
+    (:func:`progress_key`)."""
     return progress_choice(pending, resident)[0]
 
 

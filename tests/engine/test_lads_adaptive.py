@@ -89,18 +89,18 @@ def test_override_stands_down_on_headroom_refusals_and_acts_on_budget_denials(
     t = clock()
     refused = RefusalEvent(ContinuationId("C", 1), t - 0.3, GEN, free=5, taken=60)
     pending, st = capped(clock, refusals=(refused,))
-    _, B, C = pending
+    A, B, _ = pending
     # The spec's condition holds (U >= theta * C): the paper's LADS promotes B ...
     assert override_active(st, t, 0.75, 1.0)
     assert make_policy("lads").choose(pending, view(st), t) == B
     # ... but C was refused by the headroom rule: B's handoff returns quota, frees no
     # block, so the adaptive override stands down and the base order's choice goes
-    # (rule 2: C, the furthest along, 60 resident blocks).
+    # (rule 2: A, the fewest frame bytes per resident block, 1000 / 30).
     assert failed_grants(st, t, 1.0) == (0, 1)
     assert not regime_override(st, t, 0.75, 1.0)
     ada = make_policy("lads-adaptive")
-    assert ada.choose(pending, view(st), t) == C
-    ada.on_commit(C, t)
+    assert ada.choose(pending, view(st), t) == A
+    ada.on_commit(A, t)
     assert ada.stats()["stood_down"] == 1 and ada.stats()["promotions"] == 0
 
     denied = DenialEvent(ContinuationId("C", 1), t - 0.3, GEN, delta=60, budget=100, used=100)
@@ -153,13 +153,21 @@ def test_progress_tie_break_within_the_residency_class(clock: ManualClock) -> No
     Z = item("Z", p=400, r=2.0, arrival=1.0)  # larger frame, further along
     res = {X.cid: 4, Z.cid: 20}
     assert cache_first([X, Z], res) == X
+    # Smith's rule: Z's frame per block it protects is smaller, so Z passes X.
     assert progress_first([X, Z], res) == Z
-    # Same reusable blocks: the older workflow goes first.
-    assert progress_first([X, Z], {X.cid: 20, Z.cid: 20}) == Z
-    # A cold frame is never near-equal to a resident one, however old its workflow.
+    # Same reusable blocks: the smaller frame first (Cache-first's order) ...
+    assert progress_first([X, Z], {X.cid: 20, Z.cid: 20}) == X
+    # ... and a much larger frame does not pass a small one for a few more blocks
+    # (cohort-16's congested link, where the whole-class progress order lost).
+    W = item("W", p=4000, r=0.5, arrival=0.5)
+    assert progress_first([X, W], {X.cid: 18, W.cid: 20}) == X
+    # Equal frames and blocks: the older workflow.
+    Y = item("Y", p=300, r=0.5, arrival=9.0)
+    assert progress_first([Y, X], {X.cid: 20, Y.cid: 20}) == X
+    # A cold frame never goes before a resident one, however old its workflow.
     assert progress_first([X, Z], {X.cid: 4}) == X
-    # Among cold frames, the older workflow goes first.
-    assert progress_first([X, Z], {}) == Z
+    # Among cold frames (nothing to protect): Cache-first, the smaller frame.
+    assert progress_first([X, Z], {}) == X
 
     # The policy: the same order with and without a headroom regime (rule 1's
     # signal); with no engine state yet, Cache-first itself.

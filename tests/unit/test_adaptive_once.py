@@ -48,7 +48,7 @@ def capped(used: int, refusals: tuple[RefusalEvent, ...] = ()) -> tuple[list[Pen
     st = EngineState(
         time=T, seq=3, generation=GEN, U=used, B=100, C=100,
         leases=(lease(a, 2), lease(b, 40)),
-        resident=((a.cid, 30), (b.cid, 50), (c.cid, 60)),
+        resident=((a.cid, 10), (b.cid, 50), (c.cid, 60)),
         refusals=refusals, block_size=BS,
     )  # fmt: skip
     return [a, b, c], st
@@ -78,9 +78,9 @@ def test_inactive_decision_evaluates_each_rule_once(calls: Counter[str]) -> None
     pol = LadsAdaptive()
     d = pol.decide(pending, view(st), T)
     assert isinstance(d, AdaptiveDecision)
-    # The base order's choice: no headroom regime, so the whole class is near-equal and
-    # C, the furthest along (60 resident blocks), goes first.
-    assert d.reason == INACTIVE and d.choice == pending[2] and d.moved and not d.stood_down
+    # The base order's choice (Smith's rule): B, the fewest frame bytes per resident
+    # block (3000 / 50 against A's 1000 / 10 and C's 6000 / 60), passes A.
+    assert d.reason == INACTIVE and d.choice == pending[1] and d.moved and not d.stood_down
     assert calls == {"cache_first": 1, "override_active": 1}
 
 
@@ -89,7 +89,7 @@ def test_stand_down_is_counted_from_one_evaluation(calls: Counter[str]) -> None:
     pending, st = capped(used=100, refusals=(refused,))  # spec: on; headroom regime: off
     pol = LadsAdaptive()
     d = pol.choose(pending, view(st), T)
-    assert d == pending[2]  # the base order's: C, the furthest along (no promotion)
+    assert d == pending[1]  # the base order's: B, by Smith's rule (no promotion)
     assert calls == {"cache_first": 1, "override_active": 1}
     pol.on_commit(d, T)
     assert pol.stats()["stood_down"] == 1 and pol.stats()["promotions"] == 0
@@ -103,7 +103,7 @@ def test_stand_down_is_counted_from_one_evaluation(calls: Counter[str]) -> None:
 
 def test_progress_move_is_counted_from_one_base_order(calls: Counter[str]) -> None:
     x = item("X", 300, r=1.0, arrival=5.0)  # Cache-first's choice (smallest frame)
-    z = item("Z", 400, r=2.0, arrival=1.0)  # same class, further along: progress picks it
+    z = item("Z", 400, r=2.0, arrival=1.0)  # same class, smaller per block protected: picked
     st = EngineState(
         time=T, seq=3, generation=GEN, resident=((x.cid, 4), (z.cid, 20)), block_size=BS
     )
@@ -114,7 +114,7 @@ def test_progress_move_is_counted_from_one_base_order(calls: Counter[str]) -> No
     pol.choose([x, z], view(st), T)
     pol.on_commit(z, T)
     assert pol.stats()["progress"] == 1
-    # In a headroom regime too (rule 1's signal) the whole class is near-equal: Z goes first.
+    # In a headroom regime too (rule 1's signal) the same order: Z goes first.
     refused = RefusalEvent(ContinuationId("Q", 1), T - 0.3, GEN, free=5, taken=60)
     calls.clear()
     d2 = pol.decide([x, z], view(replace(st, refusals=(refused,))), T)
