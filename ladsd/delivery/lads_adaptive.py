@@ -9,14 +9,15 @@ leases, budget, turnover priority and bounded intervention, plus:
    handoff returns quota (``U``) but frees no block (``F``), so a promotion
    cannot help a history the headroom rule refused.
 2. **Progress in the base order** (:func:`progress_first`): Smith's rule
-   within Cache-first's residency classes. Among resident frames, the
-   smallest ``frame bytes / |P_i|`` goes first: a frame's link time is what
-   it costs every frame behind it, its reusable blocks what its workflow
-   risks while it waits. So the workflow further along passes a smaller frame
-   only when its frame is smaller per block it protects; no band is tuned.
-   Cold frames protect nothing and stay in Cache-first's order. With no
-   engine state yet, Cache-first itself. (Before 2026-12-04 progress ruled
-   the whole class, and before 2026-12-03 a one-block band of frame size:
+   within Cache-first's residency classes, weighted by progress. Among
+   resident frames, the smallest ``frame bytes / calls done`` goes first: a
+   frame's link time is what it costs every frame behind it, and the
+   workflow further along is the one it finishes soonest. Frames of one
+   synchronized round (a cohort's burst) have done as many calls, so there
+   it is Cache-first's smaller-frames-first order; no band is tuned. Cold
+   frames stay in Cache-first's order. With no engine state yet, Cache-first
+   itself. (Before 2026-12-04 progress was ``|P_i|`` over the whole class,
+   and before 2026-12-03 a one-block band of frame size:
    docs/design-decisions.md.)
 3. **Soft protection** (engine side, ``Retention.LADS_SESSION``): the waiting
    histories no lease holds get HEAR session's free-queue order (evicted
@@ -83,16 +84,20 @@ def regime_override(state: EngineState, now: float, theta: float, max_age_s: flo
 
 
 def progress_key(item: Pending, resident: Mapping[ContinuationId, int]) -> tuple:
-    """Smith's rule on the residency classes (ours): ``(cold?, bytes / |P_i|, arrival, k_i)``.
+    """Smith's rule on the residency classes (ours): ``(cold?, bytes / calls done, arrival, k_i)``.
 
     Exchange argument: sending ``b`` before ``a`` delays ``a`` by ``bytes_b / R``
-    and saves ``b`` ``bytes_a / R``; weighting each wait by the blocks it puts at
-    risk (``|P_i|``), ``b`` goes first iff ``bytes_b / |P_b| < bytes_a / |P_a|``.
-    A cold frame (``|P_i| = 0``) weighs 1: Cache-first's smaller-frames-first.
-    Equal ratios: the older workflow, then ``k_i``.
+    and saves ``b`` ``bytes_a / R``; weighting each workflow by its progress
+    (calls done, the continuation's turn), ``b`` goes first iff
+    ``bytes_b / w_b < bytes_a / w_a``. Not ``|P_i|``: within one round every
+    workflow has done as many calls, and a history the pool has half evicted
+    is not behind (sent last, its recompute ends the round; 2026-12-04 runs).
+    A cold frame weighs 1: Cache-first's order. Equal ratios: the older
+    workflow, then ``k_i``.
     """
-    p = resident.get(item.cid, 0)
-    return (p <= 0, item.frame_bytes / max(p, 1), item.workflow_arrival, cache_key(item, resident))
+    cold = resident.get(item.cid, 0) <= 0
+    w = 1 if cold else max(item.cid.turn, 1)
+    return (cold, item.frame_bytes / w, item.workflow_arrival, cache_key(item, resident))
 
 
 def progress_choice(

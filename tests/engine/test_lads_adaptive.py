@@ -95,7 +95,7 @@ def test_override_stands_down_on_headroom_refusals_and_acts_on_budget_denials(
     assert make_policy("lads").choose(pending, view(st), t) == B
     # ... but C was refused by the headroom rule: B's handoff returns quota, frees no
     # block, so the adaptive override stands down and the base order's choice goes
-    # (rule 2: A, the fewest frame bytes per resident block, 1000 / 30).
+    # (rule 2: A, the smallest frame, as every frame has done one call).
     assert failed_grants(st, t, 1.0) == (0, 1)
     assert not regime_override(st, t, 0.75, 1.0)
     ada = make_policy("lads-adaptive")
@@ -149,22 +149,23 @@ def test_the_engine_publishes_headroom_refusals_of_the_current_generation() -> N
 
 def test_progress_tie_break_within_the_residency_class(clock: ManualClock) -> None:
     t = clock()
-    X = item("X", p=300, r=1.0, arrival=5.0)  # smallest frame, fewer reusable blocks
-    Z = item("Z", p=400, r=2.0, arrival=1.0)  # larger frame, further along
+    X = item("X", p=300, r=1.0, arrival=5.0)  # smallest frame, one call done
+    Z = item("Z", p=400, r=2.0, arrival=1.0, turn=3)  # larger frame, three calls done
     res = {X.cid: 4, Z.cid: 20}
     assert cache_first([X, Z], res) == X
-    # Smith's rule: Z's frame per block it protects is smaller, so Z passes X.
+    # Smith's rule: Z's frame per call done (~467 B) is below X's (~1300 B): Z passes X.
     assert progress_first([X, Z], res) == Z
-    # Same reusable blocks: the smaller frame first (Cache-first's order) ...
-    assert progress_first([X, Z], {X.cid: 20, Z.cid: 20}) == X
-    # ... and a much larger frame does not pass a small one for a few more blocks
-    # (cohort-16's congested link, where the whole-class progress order lost).
-    W = item("W", p=4000, r=0.5, arrival=0.5)
-    assert progress_first([X, W], {X.cid: 18, W.cid: 20}) == X
-    # Equal frames and blocks: the older workflow.
-    Y = item("Y", p=300, r=0.5, arrival=9.0)
-    assert progress_first([Y, X], {X.cid: 20, Y.cid: 20}) == X
-    # A cold frame never goes before a resident one, however old its workflow.
+    # ... but a much larger frame does not pass a small one for one call more.
+    W = item("W", p=4000, r=0.5, arrival=0.5, turn=2)
+    assert progress_first([X, W], res | {W.cid: 40}) == X
+    # One round of a cohort (as many calls done): Cache-first's smaller-frames-first,
+    # however many blocks each has resident (a half-evicted history is not behind).
+    Y = item("Y", p=500, r=1.0, arrival=0.2)
+    assert progress_first([X, Y], {X.cid: 2, Y.cid: 60}) == X
+    # Equal frames and calls: the older workflow.
+    V = item("V", p=300, r=0.5, arrival=9.0)
+    assert progress_first([V, X], {X.cid: 20, V.cid: 20}) == X
+    # A cold frame never goes before a resident one, however far along.
     assert progress_first([X, Z], {X.cid: 4}) == X
     # Among cold frames (nothing to protect): Cache-first, the smaller frame.
     assert progress_first([X, Z], {}) == X

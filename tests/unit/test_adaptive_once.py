@@ -28,8 +28,10 @@ T = 10.0
 BS = 16
 
 
-def item(wf: str, p: int, *, r: float = 0.0, arrival: float | None = None) -> Pending:
-    return rig_item(wf, p=p, r=r, arrival=arrival)
+def item(
+    wf: str, p: int, *, r: float = 0.0, arrival: float | None = None, turn: int = 1
+) -> Pending:
+    return rig_item(wf, p=p, r=r, arrival=arrival, turn=turn)
 
 
 def lease(it: Pending, exclusive: int) -> LeaseRecord:
@@ -44,11 +46,11 @@ def view(st: EngineState) -> SenderView:
 
 def capped(used: int, refusals: tuple[RefusalEvent, ...] = ()) -> tuple[list[Pending], EngineState]:
     """A and B leased, C resident and unprotected; ``U = used`` of ``C = 100``."""
-    a, b, c = item("A", 1000, r=1.0), item("B", 3000, r=2.0), item("C", 6000, r=3.0)
+    a, b, c = item("A", 1000, r=1.0), item("B", 3000, r=2.0, turn=4), item("C", 6000, r=3.0)
     st = EngineState(
         time=T, seq=3, generation=GEN, U=used, B=100, C=100,
         leases=(lease(a, 2), lease(b, 40)),
-        resident=((a.cid, 10), (b.cid, 50), (c.cid, 60)),
+        resident=((a.cid, 30), (b.cid, 50), (c.cid, 60)),
         refusals=refusals, block_size=BS,
     )  # fmt: skip
     return [a, b, c], st
@@ -78,8 +80,8 @@ def test_inactive_decision_evaluates_each_rule_once(calls: Counter[str]) -> None
     pol = LadsAdaptive()
     d = pol.decide(pending, view(st), T)
     assert isinstance(d, AdaptiveDecision)
-    # The base order's choice (Smith's rule): B, the fewest frame bytes per resident
-    # block (3000 / 50 against A's 1000 / 10 and C's 6000 / 60), passes A.
+    # The base order's choice (Smith's rule): B, the fewest frame bytes per call done
+    # (3000 / 4 against A's 1000 / 1 and C's 6000 / 1), passes A.
     assert d.reason == INACTIVE and d.choice == pending[1] and d.moved and not d.stood_down
     assert calls == {"cache_first": 1, "override_active": 1}
 
@@ -103,7 +105,7 @@ def test_stand_down_is_counted_from_one_evaluation(calls: Counter[str]) -> None:
 
 def test_progress_move_is_counted_from_one_base_order(calls: Counter[str]) -> None:
     x = item("X", 300, r=1.0, arrival=5.0)  # Cache-first's choice (smallest frame)
-    z = item("Z", 400, r=2.0, arrival=1.0)  # same class, smaller per block protected: picked
+    z = item("Z", 400, r=2.0, arrival=1.0, turn=2)  # same class, smaller per call done: picked
     st = EngineState(
         time=T, seq=3, generation=GEN, resident=((x.cid, 4), (z.cid, 20)), block_size=BS
     )
