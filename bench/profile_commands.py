@@ -21,12 +21,9 @@ import os
 import pstats
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from ladsd.engine import loop  # noqa: E402
+from ladsd.engine import loop
 
 TOP = 40
 PROFILE = cProfile.Profile()
