@@ -9,15 +9,19 @@ leases, budget, turnover priority and bounded intervention, plus:
    handoff returns quota (``U``) but frees no block (``F``), so a promotion
    cannot help a history the headroom rule refused.
 2. **Progress in the base order** (:func:`progress_first`): Smith's rule
-   within Cache-first's residency classes, weighted by progress. Among
-   resident frames, the smallest ``frame bytes / calls done`` goes first: a
-   frame's link time is what it costs every frame behind it, and the
-   workflow further along is the one it finishes soonest. Frames of one
-   synchronized round (a cohort's burst) have done as many calls, so there
-   it is Cache-first's smaller-frames-first order; no band is tuned. Cold
-   frames stay in Cache-first's order. With no engine state yet, Cache-first
-   itself. (Before 2026-12-04 progress was ``|P_i|`` over the whole class,
-   and before 2026-12-03 a one-block band of frame size:
+   on the residency classes, weighted by progress. Among resident frames,
+   the smallest ``size / calls done`` goes first, ``size`` the workflow's
+   mean frame (:class:`FrameMeans`): a frame's link time is what it costs
+   every frame behind it, and the workflow further along is the one it
+   finishes soonest; the mean keeps a workflow's place from reshuffling with
+   each frame's jitter. Frames of one synchronized round (a cohort's burst)
+   have done as many calls, so there the smaller workflows go first; no
+   band is tuned. Cold means the state says ``|P_i| == 0``
+   (:func:`known_cold`: a result no state lists yet is presumed resident);
+   cold frames stay in Cache-first's order. With no engine state yet,
+   Cache-first itself. (Before 2026-12-05 ``size`` was the frame's own bytes
+   and unknown was cold; before 2026-12-04 progress was ``|P_i|`` over the
+   whole class, and before 2026-12-03 a one-block band of frame size:
    docs/design-decisions.md.)
 3. **Soft protection** (engine side, ``Retention.LADS_SESSION``): the waiting
    histories no lease holds get HEAR session's free-queue order (evicted
@@ -83,39 +87,81 @@ def regime_override(state: EngineState, now: float, theta: float, max_age_s: flo
     return regime_check(state, now, theta, max_age_s)[0]
 
 
-def progress_key(item: Pending, resident: Mapping[ContinuationId, int]) -> tuple:
-    """Smith's rule on the residency classes (ours): ``(cold?, bytes / calls done, arrival, k_i)``.
+class FrameMeans:
+    """Each workflow's committed frame bytes: the stable size of rule 2 (ours).
 
-    Exchange argument: sending ``b`` before ``a`` delays ``a`` by ``bytes_b / R``
-    and saves ``b`` ``bytes_a / R``; weighting each workflow by its progress
+    Owns: a (sum, count) per workflow. Contract: :meth:`add` once per commit
+    (the sender thread, as every policy hook); :meth:`mean` reads only.
+    """
+
+    def __init__(self) -> None:
+        self._sums: dict[str, tuple[int, int]] = {}
+
+    def add(self, item: Pending) -> None:
+        total, n = self._sums.get(item.cid.workflow, (0, 0))
+        self._sums[item.cid.workflow] = (total + item.frame_bytes, n + 1)
+
+    def mean(self, item: Pending) -> float:
+        """The workflow's mean frame, ``item``'s included (its first: ``item``'s bytes)."""
+        total, n = self._sums.get(item.cid.workflow, (0, 0))
+        return (total + item.frame_bytes) / (n + 1)
+
+
+def known_cold(item: Pending, resident: Mapping[ContinuationId, int]) -> bool:
+    """Cold for rule 2: the state says ``|P_i| == 0``. Unknown is presumed resident (ours).
+
+    A result the latest state does not list yet has just finished its model
+    call, so its history was in use moments ago; Cache-first's "unknown is
+    cold" keeps it behind every listed result until the next state (up to a
+    tick), whoever is further along.
+    """
+    n = resident.get(item.cid)
+    return n is not None and n <= 0
+
+
+def progress_key(
+    item: Pending, resident: Mapping[ContinuationId, int], size: float | None = None
+) -> tuple:
+    """Smith's rule on the residency classes (ours): ``(cold?, size / calls done, arrival, k_i)``.
+
+    Exchange argument: sending ``b`` before ``a`` delays ``a`` by ``size_b / R``
+    and saves ``b`` ``size_a / R``; weighting each workflow by its progress
     (calls done, the continuation's turn), ``b`` goes first iff
-    ``bytes_b / w_b < bytes_a / w_a``. Not ``|P_i|``: within one round every
+    ``size_b / w_b < size_a / w_a``. Not ``|P_i|``: within one round every
     workflow has done as many calls, and a history the pool has half evicted
     is not behind (sent last, its recompute ends the round; 2026-12-04 runs).
-    A cold frame weighs 1: Cache-first's order. Equal ratios: the older
-    workflow, then ``k_i``.
+    ``size``: the workflow's mean frame (:class:`FrameMeans`; default the
+    frame's own bytes), so a workflow's place does not reshuffle with each
+    frame's few-percent jitter (2026-12-05 runs). Cold (:func:`known_cold`):
+    Cache-first's order. Equal ratios: the older workflow, then ``k_i``.
     """
-    cold = resident.get(item.cid, 0) <= 0
-    w = 1 if cold else max(item.cid.turn, 1)
-    return (cold, item.frame_bytes / w, item.workflow_arrival, cache_key(item, resident))
+    if known_cold(item, resident):
+        return (True, 0.0, 0.0, cache_key(item, resident))
+    size = item.frame_bytes if size is None else size
+    w = max(item.cid.turn, 1)
+    return (False, size / w, item.workflow_arrival, cache_key(item, resident))
 
 
 def progress_choice(
-    pending: Sequence[Pending], resident: Mapping[ContinuationId, int]
+    pending: Sequence[Pending],
+    resident: Mapping[ContinuationId, int],
+    means: FrameMeans | None = None,
 ) -> tuple[Pending, bool]:
-    """Rule 2 and what it did: (the choice, moved off Cache-first's choice).
-
-    The residency class comes first in :func:`progress_key`, so the choice is
-    always in Cache-first's choice's class.
-    """
-    choice = min(pending, key=lambda it: progress_key(it, resident))
+    """Rule 2 and what it did: (the choice, moved off Cache-first's choice)."""
+    if means is None:
+        choice = min(pending, key=lambda it: progress_key(it, resident))
+    else:
+        choice = min(pending, key=lambda it: progress_key(it, resident, means.mean(it)))
     return choice, choice.cid != cache_first(pending, resident).cid
 
 
-def progress_first(pending: Sequence[Pending], resident: Mapping[ContinuationId, int]) -> Pending:
-    """Rule 2 (ours): Smith's rule within Cache-first's residency classes
-    (:func:`progress_key`)."""
-    return progress_choice(pending, resident)[0]
+def progress_first(
+    pending: Sequence[Pending],
+    resident: Mapping[ContinuationId, int],
+    means: FrameMeans | None = None,
+) -> Pending:
+    """Rule 2 (ours): Smith's rule on the residency classes (:func:`progress_key`)."""
+    return progress_choice(pending, resident, means)[0]
 
 
 @dataclass
@@ -143,14 +189,15 @@ class LadsAdaptive(Lads):
     ) -> None:
         super().__init__(theta=theta, max_age_s=max_age_s, uses_leases=uses_leases)
         self._note = _Note()
+        self.means = FrameMeans()
 
     def base_order(self, view: SenderView) -> BaseOrder:
         if view.state is None:  # nothing known of residency yet: Cache-first itself
             return cache_first
-        note = self._note
+        note, means = self._note, self.means
 
         def order(pending: Sequence[Pending], resident: Mapping[ContinuationId, int]) -> Pending:
-            choice, note.moved = progress_choice(pending, resident)
+            choice, note.moved = progress_choice(pending, resident, means)
             return choice
 
         return order
@@ -178,6 +225,7 @@ class LadsAdaptive(Lads):
     def on_commit(self, item: Pending, now: float) -> None:
         d = self._preview
         super().on_commit(item, now)
+        self.means.add(item)
         if isinstance(d, AdaptiveDecision) and d.choice.cid == item.cid:
             self.counts["progress"] += int(d.moved)
             self.counts["stood_down"] += int(d.stood_down)
@@ -187,7 +235,9 @@ class LadsAdaptive(Lads):
 
 
 __all__ = [
+    "FrameMeans",
     "LadsAdaptive",
+    "known_cold",
     "failed_grants",
     "headroom_regime",
     "progress_choice",

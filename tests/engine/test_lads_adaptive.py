@@ -16,6 +16,7 @@ from ladsd.delivery import make_policy
 from ladsd.delivery.cache_first import cache_first
 from ladsd.delivery.lads import override_active
 from ladsd.delivery.lads_adaptive import (
+    FrameMeans,
     LadsAdaptive,
     failed_grants,
     progress_first,
@@ -165,10 +166,16 @@ def test_progress_tie_break_within_the_residency_class(clock: ManualClock) -> No
     # Equal frames and calls: the older workflow.
     V = item("V", p=300, r=0.5, arrival=9.0)
     assert progress_first([V, X], {X.cid: 20, V.cid: 20}) == X
-    # A cold frame never goes before a resident one, however far along.
-    assert progress_first([X, Z], {X.cid: 4}) == X
+    # A cold frame (the state says |P_i| == 0) never goes before a resident one,
+    # however far along ...
+    assert progress_first([X, Z], {X.cid: 4, Z.cid: 0}) == X
+    # ... but a result no state lists yet is presumed resident (it has just finished
+    # its model call), where Cache-first puts it with the cold ones.
+    assert cache_first([X, Z], {X.cid: 4}) == X
+    assert progress_first([X, Z], {X.cid: 4}) == Z
+    assert progress_first([X, Z], {}) == Z
     # Among cold frames (nothing to protect): Cache-first, the smaller frame.
-    assert progress_first([X, Z], {}) == X
+    assert progress_first([X, Z], {X.cid: 0, Z.cid: 0}) == X
 
     # The policy: the same order with and without a headroom regime (rule 1's
     # signal); with no engine state yet, Cache-first itself.
@@ -183,6 +190,35 @@ def test_progress_tie_break_within_the_residency_class(clock: ManualClock) -> No
     assert ada.choose([X, Z], view(hr), t) == Z
     assert ada.choose([X, Z], view(None), t) == X  # no state: Cache-first
     assert make_policy("lads").choose([X, Z], view(st), t) == X  # the paper's LADS: unchanged
+
+
+def test_progress_ranks_a_workflow_by_its_mean_frame_not_this_frames_jitter(
+    clock: ManualClock,
+) -> None:
+    """Alike workflows at one turn: the frame-by-frame order flips with each frame's
+    few-percent jitter; the workflow's mean frame keeps one order across rounds."""
+    t = clock()
+    a1, b1 = item("A", p=900, arrival=0.0), item("B", p=1000, arrival=1.0)
+    a2, b2 = item("A", p=1050, turn=2), item("B", p=1000, turn=2, arrival=1.0)
+    res = {a2.cid: 30, b2.cid: 30}
+    means = FrameMeans()
+    for it in (a1, b1):
+        means.add(it)
+    assert means.mean(a2) == (H + 900 + H + 1050) / 2 < means.mean(b2) == H + 1000
+    assert progress_first([a2, b2], res) == b2  # this frame's bytes: B, 50 B smaller
+    assert progress_first([a2, b2], res, means) == a2  # the mean: A stays ahead
+
+    # The policy learns the means from its own commits.
+    ada = make_policy("lads-adaptive")
+    st = state(t, resident=((a1.cid, 20), (b1.cid, 20)), block_size=BS)
+    assert ada.choose([a1, b1], view(st), t) == a1
+    ada.on_commit(a1, t)
+    assert ada.choose([b1], view(st), t) == b1
+    ada.on_commit(b1, t)
+    st2 = state(t, resident=tuple(res.items()), block_size=BS)
+    assert ada.choose([a2, b2], view(st2), t) == a2
+    ada.on_commit(a2, t)
+    assert ada.stats()["progress"] == 1  # Cache-first would have sent B's smaller frame
 
 
 # -- rule 3: soft protection on vLLM's real free queue ----------------------------------
