@@ -9,7 +9,12 @@ the subject (default: LADS adaptive) against each policy that ran:
   run's ``dilation``); in a one-dilation pass the pass's dilation divides every
   run alike, so the raw reductions are also the calibrated-seconds ones;
 - the pair's A/A floor in each view (``peer_compare.pair_floor``: per seed the
-  larger |repeat 2 vs 1| of the two, averaged);
+  larger |repeat 2 vs 1| of the two, averaged); a policy that ran once per seed
+  has no pair of its own, so it carries the mean of the seed's A/A pairs in
+  the pass (:func:`single_run_noise`: a single run is as noisy as a typical
+  repeat; not the largest, which one bimodal policy sets: the paper's LADS
+  differed by 18.5 % within a pair on captured-scaled at 80a20e4), not none
+  (before 2026-12-05 the subject's own pair alone set its floor);
 - a verdict per view: ``ahead`` (mean reduction above the floor), ``tie``
   (within it) or ``behind``; and whether the subject was faster on every seed.
 
@@ -61,6 +66,21 @@ def verdict(red: float, floor: float | None) -> str:
     return "ahead" if red > floor else "tie" if red >= -floor else "behind"
 
 
+def single_run_noise(
+    noise: dict[str, dict[int, float]], policies: Sequence[str], seeds: Sequence[int]
+) -> dict[str, dict[int, float]]:
+    """``noise`` plus, for each policy without its own A/A pair on a seed, the mean of
+    the seed's pairs in the pass (every policy that ran twice)."""
+    out = {p: dict(v) for p, v in noise.items()}
+    for s in seeds:
+        pairs = [v[s] for v in noise.values() if s in v]
+        if not pairs:
+            continue
+        for p in policies:
+            out.setdefault(p, {}).setdefault(s, sum(pairs) / len(pairs))
+    return out
+
+
 def compare(
     runs: dict[str, dict[int, list[RunRecord]]], subject: str, seeds: Sequence[int]
 ) -> list[dict[str, Any]]:
@@ -69,6 +89,11 @@ def compare(
     if subject not in runs:
         raise SystemExit(f"no runs of {subject!r} (have: {', '.join(sorted(runs))})")
     rows = []
+    everything = {q: [r for s in seeds for r in runs[q].get(s, [])] for q in runs}
+    noise = {
+        view: single_run_noise(noise_floor(everything, m), list(runs), seeds)
+        for view, m in VIEWS.items()
+    }
     for p in ordered(runs):
         shared = [s for s in seeds if s in runs[p] and s in runs[subject]]
         if p == subject or not shared:
@@ -77,7 +102,7 @@ def compare(
         row: dict[str, Any] = {"policy": p, "label": label(p), "seeds": shared}
         for view, m in VIEWS.items():
             red = reductions(pair, subject, [p], m)[p]
-            floor = pair_floor(noise_floor(pair, m), subject, p)
+            floor = pair_floor(noise[view], subject, p)
             row[view] = {
                 "per_seed": red.per_seed,
                 "mean": red.mean,

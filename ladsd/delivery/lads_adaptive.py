@@ -90,21 +90,31 @@ def regime_override(state: EngineState, now: float, theta: float, max_age_s: flo
 class FrameMeans:
     """Each workflow's committed frame bytes: the stable size of rule 2 (ours).
 
-    Owns: a (sum, count) per workflow. Contract: :meth:`add` once per commit
-    (the sender thread, as every policy hook); :meth:`mean` reads only.
+    Owns: a (sum, count) per workflow, the ``cap`` most recently sent
+    workflows only (a daemon sees workflows without end; one forgotten is
+    sized by its own frame again). Contract: :meth:`add` once per commit (the
+    sender thread, as every policy hook); :meth:`mean` reads only.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cap: int = 65536) -> None:
+        if cap < 1:
+            raise ValueError(f"FrameMeans cap must be >= 1, got {cap}")
+        self.cap = cap
         self._sums: dict[str, tuple[int, int]] = {}
 
     def add(self, item: Pending) -> None:
-        total, n = self._sums.get(item.cid.workflow, (0, 0))
-        self._sums[item.cid.workflow] = (total + item.frame_bytes, n + 1)
+        total, n = self._sums.pop(item.cid.workflow, (0, 0))
+        self._sums[item.cid.workflow] = (total + item.frame_bytes, n + 1)  # now the newest
+        if len(self._sums) > self.cap:
+            del self._sums[next(iter(self._sums))]  # the least recently sent
 
     def mean(self, item: Pending) -> float:
         """The workflow's mean frame, ``item``'s included (its first: ``item``'s bytes)."""
         total, n = self._sums.get(item.cid.workflow, (0, 0))
         return (total + item.frame_bytes) / (n + 1)
+
+    def __len__(self) -> int:
+        return len(self._sums)
 
 
 def known_cold(item: Pending, resident: Mapping[ContinuationId, int]) -> bool:

@@ -208,6 +208,13 @@ def test_progress_ranks_a_workflow_by_its_mean_frame_not_this_frames_jitter(
     assert progress_first([a2, b2], res) == b2  # this frame's bytes: B, 50 B smaller
     assert progress_first([a2, b2], res, means) == a2  # the mean: A stays ahead
 
+    # Bounded: the least recently sent workflow is forgotten, and sized by its own frame.
+    small = FrameMeans(cap=2)
+    for it in (a1, b1, item("C", p=5000)):
+        small.add(it)
+    assert len(small) == 2 and small.mean(a2) == a2.frame_bytes
+    assert small.mean(b2) == (b1.frame_bytes + b2.frame_bytes) / 2
+
     # The policy learns the means from its own commits.
     ada = make_policy("lads-adaptive")
     st = state(t, resident=((a1.cid, 20), (b1.cid, 20)), block_size=BS)
