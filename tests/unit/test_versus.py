@@ -50,7 +50,7 @@ def test_lads_rows_match_the_committed_tables(captured: dict) -> None:
     assert hear["aa_floor"] != pytest.approx(1.4)
 
 
-def test_a_single_run_carries_the_seeds_largest_pair() -> None:
+def test_a_single_run_carries_the_seeds_mean_pair() -> None:
     noise = {"lads": {1: 0.5, 2: 1.0}, "fifo": {1: 2.0, 2: 0.2}}
     got = versus.single_run_noise(noise, ["lads", "fifo", "hear"], [1, 2, 3])
     assert got["hear"] == {1: 1.25, 2: 0.6}  # seed 3: no pair at all, nothing made up
