@@ -18,19 +18,15 @@ folder (run files or their ``runs.tar.xz``); measures nothing.
 
 from __future__ import annotations
 
-import argparse
-import re
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ladsd.metrics.events import RunRecord, load
+from ladsd.metrics.events import RunRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rerender import run_dir  # noqa: E402
-
-RUN_FILE = re.compile(r"-s\d+(-r\d+)?\.json$")
+from rerender import print_runs, run_dir  # noqa: E402, F401 (run_dir: for the tests)
 
 
 @dataclass(frozen=True)
@@ -83,13 +79,7 @@ def line(run: RunRecord, name: str) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folder", type=Path)
-    ap.add_argument("--workload", default="", help="file prefix, e.g. captured")
-    a = ap.parse_args()
-    for path in sorted(run_dir(a.folder).glob(f"{a.workload}*.json")):
-        if RUN_FILE.search(path.name):
-            print(line(load(path), path.name.removesuffix(".json")))
+    print_runs(__doc__ or "", line, "captured")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ others, see the README).
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 from collections.abc import Callable
@@ -27,10 +26,9 @@ from ladsd.metrics.events import RunRecord, load
 from ladsd.metrics.summary import by_seed, mean_latency, reduction, seed_metric
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rerender import run_dir  # noqa: E402
+from rerender import run_files  # noqa: E402
 
 VERSUS = tuple(p for p in LABELS if p != CANDIDATE)  # every policy, in the tables' order
-RUN_FILE = re.compile(r"-s\d+(-r\d+)?\.json$")  # run files, not the -table/-peers summaries
 Metric = Callable[[RunRecord], float]
 
 
@@ -45,11 +43,10 @@ VIEWS: tuple[Metric, ...] = (mean_latency, normalised)
 def runs_by_policy(folder: Path, tag: str, seeds: int) -> dict[str, dict[int, list[RunRecord]]]:
     """``{policy: {seed: repeats}}`` of the run files named ``TAG-POLICY-sSEED[-rN].json``."""
     runs: dict[str, list[RunRecord]] = {}
-    for path in sorted(run_dir(folder).glob(f"{tag}-*.json")):
-        if RUN_FILE.search(path.name):
-            r = load(path)
-            if r.seed <= seeds:
-                runs.setdefault(r.policy, []).append(r)
+    for path in run_files(folder, f"{tag}-"):
+        r = load(path)
+        if r.seed <= seeds:
+            runs.setdefault(r.policy, []).append(r)
     return {p: by_seed(p, rs) for p, rs in runs.items()}
 
 

@@ -84,6 +84,7 @@ class Rendered:
 
 
 PACKED = "runs.tar.xz"  # a folder's run files, compressed to keep bench/results/ small
+RUN_FILE = re.compile(r"-s\d+(-r\d+)?\.json$")  # run files, not the -table/-peers summaries
 _unpacked: dict[Path, Path] = {}
 
 
@@ -102,6 +103,21 @@ def run_dir(folder: Path) -> Path:
             tar.extractall(tmp, filter="data")
         _unpacked[folder] = tmp
     return _unpacked[folder]
+
+
+def run_files(folder: Path, prefix: str = "") -> list[Path]:
+    """``folder``'s run files (or its pack's) whose names start with ``prefix``, sorted."""
+    return [p for p in sorted(run_dir(folder).glob(f"{prefix}*.json")) if RUN_FILE.search(p.name)]
+
+
+def print_runs(doc: str, line: Callable[[RunRecord, str], str], example: str) -> None:
+    """The command line of a per-run reader: ``FOLDER [--workload PREFIX]``, a line a run."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--workload", default="", help=f"file prefix, e.g. {example}")
+    a = ap.parse_args()
+    for path in run_files(a.folder, a.workload):
+        print(line(events.load(path), path.stem))
 
 
 def runs_of(folder: Path, tag: str, only: Subset | None = None) -> Runs:
