@@ -102,7 +102,8 @@ def compare(
         row: dict[str, Any] = {"policy": p, "label": label(p), "seeds": shared}
         for view, m in VIEWS.items():
             red = reductions(pair, subject, [p], m)[p]
-            floor = pair_floor(noise[view], subject, p)
+            on_shared = {q: {s: d[s] for s in shared if s in d} for q, d in noise[view].items()}
+            floor = pair_floor(on_shared, subject, p)
             row[view] = {
                 "per_seed": red.per_seed,
                 "mean": red.mean,
