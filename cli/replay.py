@@ -243,6 +243,21 @@ def check_dilation(rec: events.RunRecord, pd: dil.PassDilation, path: Path) -> N
         )
 
 
+def check_commit(rec: events.RunRecord, here: str, path: Path) -> None:
+    """Refuse to add runs to a folder whose run ``rec`` was made at another commit.
+
+    A pass is one frozen code: a stored file of another commit under the same
+    policy name may be another rule. ``+dirty`` is ignored (one commit's edits
+    cannot be told apart); a file without a commit (older formats) is taken.
+    """
+    made = str(rec.meta.get("git", ""))
+    if made and made.split("+")[0] != here.split("+")[0]:
+        raise typer.BadParameter(
+            f"{path} was made at commit {made}, this pass runs at {here}: "
+            "one pass is one frozen code; use another --out or --no-resume"
+        )
+
+
 def print_grids(grids: Sequence[grid.Grid]) -> None:
     """Tables laid out for the terminal's width (split or transposed when narrow)."""
     for g in grids:
@@ -395,8 +410,11 @@ def compare(
                         raise typer.BadParameter(str(e)) from None
                 else:
                     legacy += 1  # written before run files recorded their configuration
-                if pd is not None:  # runs are added to this folder: at one dilation
+                if pd is not None:  # runs are added to this folder: one dilation, one commit
                     check_dilation(rec, pd, path)
+                    from ladsd.workloads.runner import git_commit
+
+                    check_commit(rec, git_commit(), path)
                 note = "read back"
             else:
                 meta = {

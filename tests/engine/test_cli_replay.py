@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 import pytest
 from typer.testing import CliRunner
@@ -66,6 +68,16 @@ def test_compare_writes_runs_table_plots_and_resumes(tmp_path, model_ready) -> N
     other = invoke(*args, "--kv-blocks", "200")
     assert other.exit_code != 0
     assert "was made with" in other.output and "kv_blocks" in other.output
+    # A run file of another commit re-renders, but no run is added beside it: a pass
+    # is one frozen code (a stored run under the same policy name may be another rule).
+    f = runs[("lads", 1)]
+    rec = events.load(f)
+    events.save(replace(rec, meta={**rec.meta, "git": "0" * 40 + "+dirty"}), f)
+    assert invoke(*args).exit_code == 0
+    more = invoke(*(a if a != "1" else "1,2" for a in args))  # --seeds 1,2
+    assert more.exit_code != 0
+    assert "one pass is one frozen code" in more.output and "0000000" in more.output
+    assert not (out / "controlled-smoke-fifo-s2.json").exists()
 
 
 @pytest.mark.engine

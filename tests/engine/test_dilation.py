@@ -89,6 +89,9 @@ def test_a_pass_file_round_trips_and_refuses_another_cpu_or_profile(tmp_path: Pa
         back.check(SMOKE, tmp_path / dil.FILE)
     with pytest.raises(dil.DilationMismatch, match="cpu_model"):
         replace(back, cpu_model="AMD EPYC 7B13").check(CPU, tmp_path / dil.FILE)
+    # A profile without a kappa reference runs at 1.0 on every CPU: its file (no CPU
+    # recorded) takes more runs anywhere (it refused every resume that added runs).
+    dil.none(SMOKE).check(SMOKE, tmp_path / dil.FILE)
     (tmp_path / dil.FILE).write_text("{not json")
     with pytest.raises(ValueError, match="not a pass dilation file"):
         dil.load(tmp_path)
