@@ -19,6 +19,8 @@ every seed and repeat of the listed policies.
     .venv/bin/python bench/ctrl_cpu.py --from bench/results/issue23-pass/captured-scaled \
         --tag captured-scaled-cpu
     .venv/bin/python bench/ctrl_cpu.py --profile cpu --workload controlled --json /tmp/ctrl.json
+    .venv/bin/python bench/ctrl_cpu.py --profile cpu --workload captured-scaled --kv-blocks 2300 \
+        --policies fifo,lads-adaptive --dilation 1.0
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def replay(policy: str, a: argparse.Namespace, dilation: float | None, tmp: Path
     cmd += ["--workload", a.workload, "--seeds", str(a.seed), "--json", str(out)]
     if a.dtype:
         cmd += ["--dtype", a.dtype]
+    if a.kv_blocks is not None:
+        cmd += ["--kv-blocks", str(a.kv_blocks)]
     if dilation is not None:
         cmd += ["--dilation", repr(dilation)]
     t0 = time.perf_counter()
@@ -162,6 +166,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2, help="runs per policy (A/A: >= 2)")
     ap.add_argument("--dtype", default=None, help="engine dtype [default: the profile's]")
+    ap.add_argument("--kv-blocks", type=int, default=None, help="KV pool (captured-scaled: 2300)")
     ap.add_argument("--dilation", type=float, default=None, help="[default: measured once]")
     ap.add_argument("--policies", type=parse_policies, default=POLICIES, help="fifo first")
     ap.add_argument("--json", type=Path, default=None, help="write the result here")

@@ -25,7 +25,6 @@ Contract (mini-sglang style: one owner per structure):
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -82,21 +81,13 @@ class Reserve:
 
     def taken(self, blocks: Iterable[KVCacheBlock]) -> int:
         """Free blocks a grant of ``blocks`` plus the pending allocation take."""
-        return self.taken_ids(unreferenced(blocks))
-
-    def taken_ids(self, ids: set[int]) -> int:
-        """:meth:`taken` of the blocks :func:`unreferenced` gave ``ids``."""
+        ids = {b.block_id for b in blocks if b.ref_cnt == 0}
         # |ids | cached| without copying ``cached`` (the intersection walks the smaller set).
         return len(ids) + len(self.cached) - len(ids & self.cached) + self.new
 
     def hold(self, blocks: Iterable[KVCacheBlock]) -> None:
         """``blocks`` were just leased: admitting a request no longer takes them from F."""
         self.cached.difference_update(b.block_id for b in blocks)
-
-
-def unreferenced(blocks: Iterable[KVCacheBlock]) -> set[int]:
-    """Ids of the blocks no request or lease references (``ref_cnt == 0``): in the free queue."""
-    return {b.block_id for b in blocks if b.ref_cnt == 0}
 
 
 class Grants:
@@ -158,10 +149,11 @@ class Grants:
         self.released = False
         if not self.cfg.enabled:
             return
-        # Looked up once per pass, and only when a try needs it (see grant).
-        reserve = functools.cache(self.reserve)
+        reserve: Reserve | None = None  # looked up once per pass, at the first try
         for p, c in view:  # the near-use set in the view's order, judged in place
             if bud.is_near(c) and p.cid not in self.leases:
+                if reserve is None:
+                    reserve = self.reserve()
                 self.grant(p, now, reserve)
 
     def reserve(self) -> Reserve:
@@ -182,27 +174,13 @@ class Grants:
                 cached.update(b.block_id for b in row if not b.is_null and b.ref_cnt == 0)
         return Reserve(cached, new)
 
-    def grant(self, p: LeaseCandidate, now: float, reserve: Callable[[], Reserve]) -> bool:
-        """Grant ``p`` if it passes the headroom rule and fits ``B``; else count the refusal.
-
-        ``reserve``: the pass's pending allocation, looked up on first call. A
-        repeat headroom refusal that ``|unreferenced P_i|`` alone already decides
-        (``taken`` is at least that) skips it: the answer is the same, and a
-        repeat records nothing (controller CPU, issue 23).
-        """
+    def grant(self, p: LeaseCandidate, now: float, reserve: Reserve) -> bool:
+        """Grant ``p`` if it passes the headroom rule and fits ``B``; else count the refusal."""
         cid = p.cid
         blocks = flatten(p.resident)
         table = self.leases.table
-        free, ids, h = (
-            table.pool.get_num_free_blocks(),
-            unreferenced(blocks),
-            self.cfg.headroom_blocks,
-        )
-        if free - len(ids) < h and "headroom_refusals" in self.refused.get(cid, ()):
-            return False
-        r = reserve()
-        taken = r.taken_ids(ids)
-        if free - taken < h:
+        free, taken = table.pool.get_num_free_blocks(), reserve.taken(blocks)
+        if free - taken < self.cfg.headroom_blocks:
             if self.refuse("headroom_refusals", cid):
                 self.refusals.append(RefusalEvent(cid, now, self.generation, free, taken))
             return False
@@ -214,7 +192,7 @@ class Grants:
                 )
                 self.pub.event(LeaseEventKind.DENIAL, cid, now)
             return False
-        self.take(p, now, r, blocks)
+        self.take(p, now, reserve, blocks)
         return True
 
     def require(self, p: LeaseCandidate, now: float) -> str | None:
