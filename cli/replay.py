@@ -248,10 +248,11 @@ def check_commit(rec: events.RunRecord, here: str, path: Path) -> None:
 
     A pass is one frozen code: a stored file of another commit under the same
     policy name may be another rule. ``+dirty`` is ignored (one commit's edits
-    cannot be told apart); a file without a commit (older formats) is taken.
+    cannot be told apart); a file without a commit (older formats), or a
+    checkout outside git ("unknown"), is taken.
     """
     made = str(rec.meta.get("git", ""))
-    if made and made.split("+")[0] != here.split("+")[0]:
+    if made and here != "unknown" and made.split("+")[0] != here.split("+")[0]:
         raise typer.BadParameter(
             f"{path} was made at commit {made}, this pass runs at {here}: "
             "one pass is one frozen code; use another --out or --no-resume"
@@ -363,7 +364,8 @@ def compare(
     another one. With --peers, the neighbouring designs run beside them (once per
     seed) and -peers.md / -peers.json hold their tables. The link dilation is
     measured once, kept in --out's dilation.json, and every run of the folder uses
-    it (a resume too; files made at another dilation are refused).
+    it (a resume too; files made at another dilation are refused). A resume that
+    adds runs also refuses files made at another git commit: one pass, one code.
     """
     _check_workload(workload)
     names = parse_policies(policies, parse_engine(engine_policy))
