@@ -210,6 +210,7 @@ def main() -> None:
             "seed": a.seed,
             "repeats": a.repeats,
             "dtype": a.dtype,
+            "kv_blocks": a.kv_blocks,
             "policies": list(a.policies),
         },
         "dilation": dilation,

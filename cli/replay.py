@@ -247,12 +247,15 @@ def check_commit(rec: events.RunRecord, here: str, path: Path) -> None:
     """Refuse to add runs to a folder whose run ``rec`` was made at another commit.
 
     A pass is one frozen code: a stored file of another commit under the same
-    policy name may be another rule. ``+dirty`` is ignored (one commit's edits
-    cannot be told apart); a file without a commit (older formats), or a
-    checkout outside git ("unknown"), is taken.
+    policy name may be another rule. Taken as unknowable: a file without a commit
+    (older formats) or made outside git (``unknown``), a checkout outside git, and
+    uncommitted edits (``+dirty`` is ignored: two dirty trees at one commit pass,
+    so a frozen pass runs from a clean worktree).
     """
-    made = str(rec.meta.get("git", ""))
-    if made and here != "unknown" and made.split("+")[0] != here.split("+")[0]:
+    made = str(rec.meta.get("git") or "")
+    if made in ("", "unknown") or here == "unknown":
+        return
+    if made.split("+")[0] != here.split("+")[0]:
         raise typer.BadParameter(
             f"{path} was made at commit {made}, this pass runs at {here}: "
             "one pass is one frozen code; use another --out or --no-resume"
@@ -393,6 +396,12 @@ def compare(
         errors = _run_errors() if len(stored) < n else ()  # () when nothing runs: no vLLM import
         pd = None  # nothing runs (a re-render): no dilation is measured
         if len(stored) < n:
+            # Before any run: a refused folder must not get this commit's runs first.
+            from ladsd.workloads.runner import git_commit
+
+            here = git_commit()
+            for path in sorted(stored):
+                check_commit(events.load(path), here, path)
             try:
                 pd = pass_dilation(prof, dilation, out, resume)
             except errors as e:
@@ -412,11 +421,8 @@ def compare(
                         raise typer.BadParameter(str(e)) from None
                 else:
                     legacy += 1  # written before run files recorded their configuration
-                if pd is not None:  # runs are added to this folder: one dilation, one commit
+                if pd is not None:  # runs are added to this folder: at one dilation
                     check_dilation(rec, pd, path)
-                    from ladsd.workloads.runner import git_commit
-
-                    check_commit(rec, git_commit(), path)
                 note = "read back"
             else:
                 meta = {

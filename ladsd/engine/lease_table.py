@@ -42,7 +42,7 @@ from ladsd.engine.budget import fifo_key
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError, check_pool, native_refs
 from ladsd.records import ContinuationId, HistoryNotice, LeaseKind, LeaseRecord, LeaseStatus
 
-block_id = attrgetter("block_id")  # mapped over a lease's blocks: C speed on 500-block prefixes
+_block_id = attrgetter("block_id")  # mapped over a lease's blocks: C speed on 500-block prefixes
 
 Native = Callable[[], Iterable[Iterable[KVCacheBlock]]]
 
@@ -84,7 +84,7 @@ class Lease:
             cid=self.cid,
             prefix_digest=self.notice.prefix_digest,
             payload_digest=self.notice.payload_digest,
-            protected_blocks=tuple(map(block_id, self.blocks)),
+            protected_blocks=tuple(map(_block_id, self.blocks)),
             exclusive_blocks=exclusive,
             granted_at=self.granted_at,
             deadline=self.deadline,
@@ -232,12 +232,12 @@ class LeaseTable:
     def delta(self, blocks: Iterable[KVCacheBlock]) -> int:
         """``Delta_i``: blocks no lease protects yet (each raises ``U`` by one)."""
         refs = self.pool.refs_of(self.kind)
-        return list(map(refs.get, map(block_id, blocks))).count(None)  # refs keeps counts >= 1
+        return list(map(refs.get, map(_block_id, blocks))).count(None)  # refs keeps counts >= 1
 
     def exclusive(self, lease: Lease) -> int:
         """``|E_i|``: blocks of the lease protected by no other lease."""
         refs = self.pool.refs_of(self.kind)
-        return list(map(refs.get, map(block_id, lease.blocks))).count(1)
+        return list(map(refs.get, map(_block_id, lease.blocks))).count(1)
 
     def gain(self, lease: Lease) -> int:
         """Free blocks a release would return now: held by this lease and nothing else."""

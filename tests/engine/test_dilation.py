@@ -92,6 +92,8 @@ def test_a_pass_file_round_trips_and_refuses_another_cpu_or_profile(tmp_path: Pa
     # A profile without a kappa reference runs at 1.0 on every CPU: its file (no CPU
     # recorded) takes more runs anywhere (it refused every resume that added runs).
     dil.none(SMOKE).check(SMOKE, tmp_path / dil.FILE)
+    with pytest.raises(dil.DilationMismatch, match="profile"):  # but only for its profile
+        dil.none(SMOKE).check(CPU, tmp_path / dil.FILE)
     (tmp_path / dil.FILE).write_text("{not json")
     with pytest.raises(ValueError, match="not a pass dilation file"):
         dil.load(tmp_path)
@@ -109,6 +111,32 @@ def test_adding_runs_refuses_a_file_made_at_another_dilation(tmp_path: Path) -> 
     for meta in ({"dilation": 1.2, "dilation_pass": {}}, {"dilation": 1.5}):  # per-run: old
         with pytest.raises(typer.BadParameter, match="one pass has one dilation"):
             replay_cmd.check_dilation(replace(rec, meta=meta), pd, tmp_path / "a.json")
+
+
+@pytest.mark.parametrize(
+    ("made", "here", "refused"),
+    [
+        ("a" * 40, "a" * 40, False),
+        ("a" * 40 + "+dirty", "a" * 40, False),  # uncommitted edits cannot be told apart
+        ("a" * 40, "b" * 40, True),
+        ("a" * 40 + "+dirty", "b" * 40 + "+dirty", True),
+        (None, "b" * 40, False),  # older files recorded no commit
+        ("unknown", "b" * 40, False),  # made outside git
+        ("a" * 40, "unknown", False),  # this checkout is outside git
+    ],
+)
+def test_adding_runs_refuses_a_file_made_at_another_commit(
+    tmp_path: Path, made: str | None, here: str, refused: bool
+) -> None:
+    import typer
+
+    meta = {} if made is None else {"git": made}
+    rec = events.RunRecord("fifo", "controlled", "cpu", 1, (), meta=meta)
+    if refused:
+        with pytest.raises(typer.BadParameter, match="one pass is one frozen code"):
+            replay_cmd.check_commit(rec, here, tmp_path / "a.json")
+    else:
+        replay_cmd.check_commit(rec, here, tmp_path / "a.json")
 
 
 # ---- the real engine -----------------------------------------------------------------
