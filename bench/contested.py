@@ -26,7 +26,7 @@ from pathlib import Path
 from ladsd.metrics.events import RunRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rerender import print_runs, run_dir  # noqa: E402, F401 (run_dir: for the tests)
+from rerender import print_runs  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -389,6 +390,7 @@ def compare(
         f"{len(seed_list)} seeds, core policies x{repeats} = {n} runs"
         + (f", {len(stored)} read back from {out}" if stored else "")
     )
+    loaded = functools.cache(events.load)  # stored files: read once, checked before any run
     runs: dict[str, list[events.RunRecord]] = {}
     took: list[float] = []
     legacy = 0
@@ -401,7 +403,7 @@ def compare(
 
             here = git_commit()
             for path in sorted(stored):
-                check_commit(events.load(path), here, path)
+                check_commit(loaded(path), here, path)
             try:
                 pd = pass_dilation(prof, dilation, out, resume)
             except errors as e:
@@ -413,7 +415,7 @@ def compare(
             )
             want = planning.config(prof, workload, seed, planning.run_flags(flags, pol))
             if path in stored:
-                rec = events.load(path)
+                rec = loaded(path)
                 if "config" in rec.meta:
                     try:
                         planning.check(rec.meta["config"], want, path)

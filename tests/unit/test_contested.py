@@ -35,7 +35,7 @@ def test_a_younger_send_past_an_older_waiting_frame_is_counted() -> None:
 
 def test_the_pass_tail_aware_sends_oldest_first_and_smith_does_not() -> None:
     ct = bench_script("contested")
-    runs = ct.run_dir(FOLDER)
+    runs = bench_script("rerender").run_dir(FOLDER)
     tail = [ct.contest(load(runs / f"captured-cpu-tail-release-s{s}.json")) for s in (8, 9)]
     ada = [ct.contest(load(runs / f"captured-cpu-lads-adaptive-s{s}.json")) for s in (8, 9)]
     # The figures of the a2f8380 pass README: Tail-aware 1 of 145, Smith's rule 76 of 149.

@@ -35,7 +35,7 @@ def test_a_round_ends_with_its_last_call_and_counts_its_recompute() -> None:
 
 def test_the_pass_cohort16_rounds_ended_with_a_near_evicted_history() -> None:
     rd = bench_script("rounds")
-    runs = rd.run_dir(FOLDER)
+    runs = bench_script("rerender").run_dir(FOLDER)
     ada = load(runs / "controlled-c16-cpu-lads-adaptive-s1.json")
     cf = load(runs / "controlled-c16-cpu-cache-first-s1.json")
     # The figures bench/results/issue23-smith/README.md gives: under the d05db4d rule 2
