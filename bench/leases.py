@@ -26,7 +26,13 @@ from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from ladsd import testing  # noqa: E402
 from ladsd.clock import ManualClock  # noqa: E402
 from ladsd.config import LeaseConfig  # noqa: E402
-from ladsd.engine.lease_resident import flatten, lookup, make_hasher, prefix_hashes  # noqa: E402
+from ladsd.engine.lease_resident import (  # noqa: E402
+    Prefix,
+    flatten,
+    lookup,
+    make_hasher,
+    prefix_hashes,
+)
 from ladsd.engine.sched_leases import LeaseScheduler  # noqa: E402
 from ladsd.records import (  # noqa: E402
     ContinuationId,
@@ -73,6 +79,7 @@ def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
     groups = lookup(kv, hashes, len(hist))
     blocks = flatten(groups)
     assert len(blocks) == n_blocks
+    prefix = Prefix.of(groups)
 
     def timed(op: Callable[[], None], reps: int = 20) -> float:
         t = time.perf_counter()
@@ -95,7 +102,7 @@ def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
 
     def book_pair() -> None:
         lease = book.table.acquire(
-            n, groups, granted_at=0.0, deadline=8.0, committed=False, generation=0, now=0.0
+            n, prefix, granted_at=0.0, deadline=8.0, committed=False, generation=0, now=0.0
         )
         book.table.release(lease, LeaseStatus.CANCELLED, 0.0)
 

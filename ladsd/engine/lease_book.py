@@ -190,7 +190,7 @@ class LeaseBook:
             # HEAR: the session waits with its resident P_i in the eviction order
             # (LADS_SESSION too: the order acts only on blocks no lease holds).
             prob = P_PRIOR if n.continuation_p is None else n.continuation_p
-            self.sessions.enter(p.cid, prob, p.resident, now)
+            self.sessions.enter(p.cid, prob, p.prefix, now)
             self.counters["sessions"] += 1
         view = self._view(now)
         self.grants.evaluate(view)

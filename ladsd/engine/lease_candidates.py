@@ -29,16 +29,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
-from vllm.v1.core.kv_cache_utils import BlockHash, BlockHashWithGroupId, KVCacheBlock
+from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 
 from ladsd.engine import budget as bud
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
-from ladsd.engine.lease_resident import Hasher, flatten, lookup_hit, make_hasher, prefix_hashes
+from ladsd.engine.lease_resident import (
+    Hasher,
+    Prefix,
+    lookup_hit,
+    make_hasher,
+    prefix_hashes,
+    unchanged,
+)
 from ladsd.records import ContinuationId, HistoryNotice, InventoryItem, Phase, SenderInventory
 
 Turn = tuple[str, int]  # (workflow, turn)
@@ -79,12 +86,10 @@ class LeaseCandidate:
 
     notice: HistoryNotice
     hashes: list[BlockHash]
-    resident: tuple[list[KVCacheBlock], ...] = ()
-    size: int = 0  # |P_i| at the last lookup
+    resident: tuple[list[KVCacheBlock], ...] = ()  # P_i per group, as vLLM's lookup gave it
+    prefix: Prefix = Prefix()  # P_i flattened, with each block's hash at the lookup
     complete: bool = False  # every full block of the history was resident
-    checked: list[tuple[KVCacheBlock, BlockHashWithGroupId | None]] = field(default_factory=list)
     epoch: int = -1  # pool hash epoch of the last check
-    ids: frozenset[int] = frozenset()  # block ids of P_i
     listed: bool = False  # seen in a sender inventory
     committed: bool = False  # seen committed (or later) by the sender
     granted_at: float | None = None  # g_i, fixed by the first grant
@@ -96,6 +101,16 @@ class LeaseCandidate:
     @property
     def key(self) -> tuple[float, ContinuationId]:
         return bud.fifo_key(self.notice.ready_time, self.notice.cid)
+
+    @property
+    def size(self) -> int:
+        """``|P_i|`` at the last lookup (0: cold)."""
+        return len(self.prefix)
+
+    @property
+    def ids(self) -> frozenset[int]:
+        """Block ids of ``P_i`` at the last lookup."""
+        return self.prefix.ids
 
 
 class Candidates:
@@ -114,7 +129,7 @@ class Candidates:
         self.lifetime = lifetime  # l: the default of every l_i (lifetime_of)
         self._hash_args = (hash_block_size, hash_algo)
         self._hasher: Hasher | None = None  # lazy: NONE_HASH is set after the scheduler
-        self._plain: bool | None = None  # lazy: plain_lookup(kv), see _stays
+        self._plain: bool | None = None  # lazy: plain_lookup(kv), see refresh
         self.pending: dict[ContinuationId, LeaseCandidate] = {}
         self.latest: dict[Turn, int] = {}  # version of the live continuation per turn
         self.inv: SenderInventory | None = None
@@ -248,50 +263,25 @@ class Candidates:
             out[cid] = t
         return out
 
-    def resident(self, p: LeaseCandidate) -> list[KVCacheBlock]:
-        """``P_i`` now (:meth:`refresh`), as a flat block list."""
+    def resident(self, p: LeaseCandidate) -> Prefix:
+        """``P_i`` now (:meth:`refresh`), flattened (false when cold)."""
         self.refresh(p)
-        return [b for b, _ in p.checked]
+        return p.prefix
 
     def refresh(self, p: LeaseCandidate) -> None:
-        """Bring ``P_i`` up to date; a prefix that cannot have changed is not looked up again.
-
-        Removing a hash is the only way a complete prefix can change, so the
-        check is O(1) while no hash was removed anywhere, O(|P_i|) attribute
-        reads after one (far cheaper than vLLM's lookup). An incomplete prefix
-        whose hashes hold can only grow at its next block: under vLLM's plain
-        lookup (:func:`plain_lookup`) one probe of that hash stands for the walk.
-        Otherwise, or when a hash broke, a full lookup.
-        """
-        epoch = self.pool.hash_epoch
-        held = p.epoch == epoch or all(b.block_hash == h for b, h in p.checked)
-        if held and (p.complete or self._stays(p)):
-            p.epoch = epoch
+        """Bring ``P_i`` up to date; a prefix that cannot have changed is not looked up again
+        (:func:`~ladsd.engine.lease_resident.unchanged`)."""
+        if self._plain is None:
+            self._plain = plain_lookup(self.kv)
+        pool = self.pool
+        if unchanged(pool, self._plain, p.prefix, p.hashes, p.epoch, p.complete):
+            p.epoch = pool.hash_epoch
             return
         n = len(p.notice.token_ids)
         p.resident, hit = lookup_hit(self.kv, p.hashes, n)
-        blocks = flatten(p.resident)
-        p.size = len(blocks)
-        p.checked = [(b, b.block_hash) for b in blocks]
-        p.ids = frozenset(b.block_id for b in blocks)
-        p.complete = bool(blocks) and hit >= n // self._hash_args[0] * self._hash_args[0]
-        p.epoch = epoch
-
-    def _stays(self, p: LeaseCandidate) -> bool:
-        """An incomplete ``P_i`` looked up before, whose next block's hash is not cached.
-
-        Call only while its hashes hold. vLLM's plain lookup is the longest run
-        of cached hashes from the start; that run is intact, so a miss at its end
-        means the lookup would return the same blocks.
-        """
-        if p.epoch < 0:
-            return False
-        if self._plain is None:
-            self._plain = plain_lookup(self.kv)
-        if not self._plain:
-            return False
-        k = len(p.checked)
-        return k >= len(p.hashes) or self.pool.get_cached_block(p.hashes[k], [0]) is None
+        p.prefix = Prefix.of(p.resident)
+        p.complete = bool(p.prefix) and hit >= n // self._hash_args[0] * self._hash_args[0]
+        p.epoch = pool.hash_epoch
 
     def sizes_of(self) -> tuple[tuple[ContinuationId, int], ...]:
         """``|P_i|`` per candidate at its last lookup, FIFO order (0 = cold)."""
@@ -332,7 +322,8 @@ class Candidates:
                 raise LeaseIntegrityError(f"candidate {p.cid.key()} filed as {cid.key()}")
             if self.latest.get(turn_of(cid)) != cid.version:
                 raise LeaseIntegrityError(f"candidate {cid.key()}: its turn is not live")
-            if p.ids != frozenset(b.block_id for b, _ in p.checked) or p.size != len(p.checked):
+            ids = tuple(b.block_id for g in p.resident for b in g if not b.is_null)
+            if p.prefix.block_ids != ids or p.prefix.ids != frozenset(ids):
                 raise LeaseIntegrityError(f"candidate {cid.key()}: P_i cache disagrees")
         if self.inv is None and self.phases:
             raise LeaseIntegrityError("inventory phases without an inventory")

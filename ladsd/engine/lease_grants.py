@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from itertools import islice
 
 from vllm.utils.math_utils import cdiv
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
 from vllm.v1.request import Request
 
 from ladsd.config import LeaseConfig
@@ -40,7 +39,7 @@ from ladsd.engine.lease_candidates import Candidates, LeaseCandidate, View
 from ladsd.engine.lease_holds import Holds
 from ladsd.engine.lease_pool import LeaseIntegrityError
 from ladsd.engine.lease_publish import Publication
-from ladsd.engine.lease_resident import flatten, lookup_hit
+from ladsd.engine.lease_resident import Prefix, lookup_hit
 from ladsd.engine.lease_table import Lease
 from ladsd.records import ContinuationId, DenialEvent, LeaseEventKind, LeaseStatus, RefusalEvent
 
@@ -79,15 +78,15 @@ class Reserve:
     cached: set[int]
     new: int
 
-    def taken(self, blocks: Iterable[KVCacheBlock]) -> int:
-        """Free blocks a grant of ``blocks`` plus the pending allocation take."""
-        ids = {b.block_id for b in blocks if b.ref_cnt == 0}
+    def taken(self, prefix: Prefix) -> int:
+        """Free blocks a grant of ``prefix`` plus the pending allocation take."""
+        ids = set(prefix.unreferenced())
         # |ids | cached| without copying ``cached`` (the intersection walks the smaller set).
         return len(ids) + len(self.cached) - len(ids & self.cached) + self.new
 
-    def hold(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """``blocks`` were just leased: admitting a request no longer takes them from F."""
-        self.cached.difference_update(b.block_id for b in blocks)
+    def hold(self, prefix: Prefix) -> None:
+        """``prefix`` was just leased: admitting a request no longer takes it from F."""
+        self.cached.difference_update(prefix.block_ids)
 
 
 class Grants:
@@ -177,14 +176,14 @@ class Grants:
     def grant(self, p: LeaseCandidate, now: float, reserve: Reserve) -> bool:
         """Grant ``p`` if it passes the headroom rule and fits ``B``; else count the refusal."""
         cid = p.cid
-        blocks = flatten(p.resident)
+        prefix = p.prefix
         table = self.leases.table
-        free, taken = table.pool.get_num_free_blocks(), reserve.taken(blocks)
+        free, taken = table.pool.get_num_free_blocks(), reserve.taken(prefix)
         if free - taken < self.cfg.headroom_blocks:
             if self.refuse("headroom_refusals", cid):
                 self.refusals.append(RefusalEvent(cid, now, self.generation, free, taken))
             return False
-        used, delta = table.used, table.delta(blocks)  # only past the headroom rule
+        used, delta = table.used, table.delta(prefix)  # only past the headroom rule
         if used + delta > self.budget.B:
             if self.refuse("denials", cid):
                 self.denials.append(
@@ -192,47 +191,44 @@ class Grants:
                 )
                 self.pub.event(LeaseEventKind.DENIAL, cid, now)
             return False
-        self.take(p, now, reserve, blocks)
+        self.take(p, now, reserve)
         return True
 
     def require(self, p: LeaseCandidate, now: float) -> str | None:
         """Grant ``p`` now within ``C_safe`` and ``H`` (ladsd serve), or say why not."""
-        self.cands.resident(p)  # P_i now
-        blocks = flatten(p.resident)
-        if not blocks:
+        prefix = self.cands.resident(p)  # P_i now
+        if not prefix:
             return "cold: no resident prefix to hold"
         reserve = self.reserve()
         table = self.leases.table
         free, h = table.pool.get_num_free_blocks(), self.cfg.headroom_blocks
-        if free - reserve.taken(blocks) < h:
-            return f"headroom: holding {len(blocks)} blocks would leave fewer than H = {h} free"
-        used, delta = table.used, table.delta(blocks)
+        if free - reserve.taken(prefix) < h:
+            return f"headroom: holding {len(prefix)} blocks would leave fewer than H = {h} free"
+        used, delta = table.used, table.delta(prefix)
         ceiling = bud.safe_ceiling(used, free, h)
         if used + delta > ceiling:
             return f"budget: U + Delta = {used} + {delta} > C_safe = {ceiling}"
-        self.take(p, now, reserve, blocks)
+        self.take(p, now, reserve)
         return None
 
-    def take(
-        self, p: LeaseCandidate, now: float, reserve: Reserve, blocks: list[KVCacheBlock]
-    ) -> None:
-        """Acquire ``p``'s lease (the checks have passed; ``blocks``: its ``P_i`` flat)."""
+    def take(self, p: LeaseCandidate, now: float, reserve: Reserve) -> None:
+        """Acquire ``p``'s lease (the checks have passed on its ``P_i``, ``p.prefix``)."""
         if p.granted_at is None:
             p.granted_at = now  # g_i: a regrant keeps it, so d_i never moves
         self.leases.acquire(
             p.notice,
-            p.resident,
+            p.prefix,
             granted_at=p.granted_at,
             deadline=p.granted_at + self.cands.lifetime_of(p.notice),  # d_i = g_i + l_i
             committed=p.committed,
             generation=self.generation,
             now=now,
         )
-        reserve.hold(blocks)
+        reserve.hold(p.prefix)
         c = self.pub.counters
         c["grants"] += 1
         c["grants_after_commit" if p.committed else "grants_before_commit"] += 1
-        self.pub.event(LeaseEventKind.GRANT, p.cid, now, len(blocks))
+        self.pub.event(LeaseEventKind.GRANT, p.cid, now, len(p.prefix))
 
     def refuse(self, kind: str, cid: ContinuationId) -> bool:
         """Count a refusal once per identity and generation; True if new."""

@@ -34,6 +34,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 from ladsd.engine.lease_pool import LeaseIntegrityError
+from ladsd.engine.lease_resident import Prefix
 from ladsd.engine.lease_table import Lease, LeaseTable, Native
 from ladsd.records import ContinuationId, HistoryNotice, LeaseKind, LeaseStatus
 
@@ -117,7 +118,7 @@ class Holds:
     def acquire(
         self,
         notice: HistoryNotice,
-        resident: Sequence[Sequence[KVCacheBlock]],
+        prefix: Prefix,
         *,
         granted_at: float,
         deadline: float,
@@ -125,10 +126,10 @@ class Holds:
         generation: int,
         now: float,
     ) -> Lease:
-        """One reference on every real block of ``P_i`` (``resident``, per group)."""
+        """One reference on every real block of ``P_i`` (``prefix``)."""
         return self.table.acquire(
             notice,
-            resident,
+            prefix,
             granted_at=granted_at,
             deadline=deadline,
             committed=committed,

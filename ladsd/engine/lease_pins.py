@@ -101,7 +101,7 @@ class PinRules:
             return False
         self.pins.acquire(
             p.notice,
-            p.resident,
+            p.prefix,
             granted_at=now,
             deadline=now + min(ttl, self.cands.lifetime_of(p.notice)),
             committed=p.committed,

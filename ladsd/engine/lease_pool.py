@@ -19,6 +19,11 @@ Lock/unlock contract (spec 3, architecture.md "Lease operations"):
   eviction, partial-to-full promotion, hash move) is remembered per ledger;
   the lease book drains :meth:`LeaseBlockPool.take_stripped` and lets such
   blocks leave their leases and pins.
+* Hash epochs: ``hash_epoch`` counts hash removals (and prefix-cache
+  resets); ``stripped_at`` keeps the epoch of each block's last removal, so a
+  prefix checked at epoch ``e`` changed iff one of its blocks was stripped
+  after ``e`` (a block can get the same hash back later, while another block
+  holds it: checking the hash alone would miss that) or a reset came after.
 * Free stamps (HEAR session retention only, :meth:`stamp_frees`): when a block
   returns to the free queue its time is kept in ``freed_at`` and
   ``free_epoch`` counts the frees; the order of the free queue is not touched
@@ -83,6 +88,7 @@ class LeaseBlockPool(BlockPool):
         self.refs_added = 0  # every kind
         self.refs_released = 0
         self.hash_epoch = 0  # bumps whenever any block loses a prefix-cache hash
+        self.stripped_at: dict[int, int] = {}  # block id -> hash epoch of its last removal
         self.free_epoch = 0  # bumps on every free while stamping (see stamp_frees)
         self.freed_at: dict[int, float] = {}  # block id -> when it last became free
         self._free_clock: Callable[[], float] | None = None
@@ -141,6 +147,7 @@ class LeaseBlockPool(BlockPool):
         removed = super()._remove_cached_block_hashes(block)
         if removed:
             self.hash_epoch += 1
+            self.stripped_at[block.block_id] = self.hash_epoch
             for led in self.ledgers.values():
                 if block.block_id in led.refs:
                     led.stripped.add(block.block_id)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
 
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
+from ladsd.engine.lease_resident import Prefix
 from ladsd.records import ContinuationId
 
 SESSION_TAU_S = 400.0  # HEAR's idle decay constant
@@ -104,27 +105,17 @@ class Sessions:
         self,
         cid: ContinuationId,
         p: float,
-        resident: Sequence[Sequence[KVCacheBlock]],
+        prefix: Prefix,
         now: float,
     ) -> WaitingSession:
-        """``cid``'s result is ready: its session waits with ``P_i`` = ``resident``."""
+        """``cid``'s result is ready: its session waits with ``P_i`` = ``prefix``."""
         self._drop(cid.workflow)
-        blocks: list[KVCacheBlock] = []
-        hashes: list[BlockHashWithGroupId] = []
-        spans: list[tuple[int, int]] = []
-        for g, row in enumerate(resident):
-            size = self.block_sizes[g]
-            for pos, b in enumerate(row):
-                if b.is_null:
-                    continue
-                assert b.block_hash is not None, "a cache hit without a hash"
-                blocks.append(b)
-                hashes.append(b.block_hash)
-                spans.append((pos * size, (pos + 1) * size))
-        stamps = [self.pool.freed_at.get(b.block_id) for b in blocks if b.ref_cnt == 0]
+        sizes = self.block_sizes
+        spans = [(pos * sizes[g], (pos + 1) * sizes[g]) for g, pos in prefix.slots]
+        stamps = map(self.pool.freed_at.get, prefix.unreferenced())
         ended = min((t for t in stamps if t is not None), default=now)
         retention_priority(p, 0.0)  # validates p
-        s = WaitingSession(cid, p, min(ended, now), blocks, hashes, spans)
+        s = WaitingSession(cid, p, min(ended, now), list(prefix.blocks), list(prefix.hashes), spans)
         self.entries[cid.workflow] = s
         self.version += 1
         return s

@@ -40,6 +40,7 @@ from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
 
 from ladsd.engine.budget import fifo_key
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError, check_pool, native_refs
+from ladsd.engine.lease_resident import Prefix
 from ladsd.records import ContinuationId, HistoryNotice, LeaseKind, LeaseRecord, LeaseStatus
 
 _block_id = attrgetter("block_id")  # mapped over a lease's blocks: C speed on 500-block prefixes
@@ -133,7 +134,7 @@ class LeaseTable:
     def acquire(
         self,
         notice: HistoryNotice,
-        resident: Sequence[Sequence[KVCacheBlock]],
+        prefix: Prefix,
         *,
         granted_at: float,
         deadline: float,
@@ -141,27 +142,26 @@ class LeaseTable:
         generation: int,
         now: float,
     ) -> Lease:
-        """One reference on every real block of ``P_i`` (``resident``, per group)."""
+        """One reference on every real block of ``P_i`` (``prefix``: as just checked)."""
         cid = notice.cid
         if cid in self.leases:
             raise LeaseIntegrityError(f"lease {cid.key()} is already held")
-        blocks: list[KVCacheBlock] = []
-        slots: list[tuple[int, int]] = []
-        hashes: list[BlockHashWithGroupId] = []
-        for g, row in enumerate(resident):
-            for pos, b in enumerate(row):
-                if b.is_null:
-                    continue
-                assert b.block_hash is not None, "a cache hit without a hash"
-                blocks.append(b)
-                slots.append((g, pos))
-                hashes.append(b.block_hash)
+        blocks = list(prefix.blocks)
         self.integrate(now)
         self.pool.lease_touch(blocks, self.kind)
-        for b in blocks:
-            self.holders.setdefault(b.block_id, set()).add(cid)
+        holders = self.holders
+        for bid in prefix.block_ids:
+            holders.setdefault(bid, set()).add(cid)
         lease = Lease(
-            cid, notice, blocks, slots, hashes, granted_at, deadline, committed, generation
+            cid,
+            notice,
+            blocks,
+            list(prefix.slots),
+            list(prefix.hashes),
+            granted_at,
+            deadline,
+            committed,
+            generation,
         )
         self.leases[cid] = lease
         return lease
@@ -229,10 +229,10 @@ class LeaseTable:
     # The three counts read this kind's ledger in one lookup: they run per block of every
     # lease at each state published and each grant tried (controller CPU, issue 23).
 
-    def delta(self, blocks: Iterable[KVCacheBlock]) -> int:
-        """``Delta_i``: blocks no lease protects yet (each raises ``U`` by one)."""
+    def delta(self, prefix: Prefix) -> int:
+        """``Delta_i``: blocks of ``prefix`` no lease protects yet (each raises ``U`` by one)."""
         refs = self.pool.refs_of(self.kind)
-        return list(map(refs.get, map(_block_id, blocks))).count(None)  # refs keeps counts >= 1
+        return list(map(refs.get, prefix.block_ids)).count(None)  # refs keeps counts >= 1
 
     def exclusive(self, lease: Lease) -> int:
         """``|E_i|``: blocks of the lease protected by no other lease."""

@@ -14,11 +14,15 @@ import random
 from typing import Any
 
 import pytest
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.kv_cache_utils import (
+    BlockHash,
+    KVCacheBlock,
+    make_block_hash_with_group_id,
+)
 
 from ladsd.engine import lease_candidates, lease_publish
 from ladsd.engine.lease_grants import Reserve
-from ladsd.engine.lease_resident import flatten, lookup_hit
+from ladsd.engine.lease_resident import Prefix, flatten, lookup_hit, unchanged
 from ladsd.engine.lease_table import LeaseTable
 from ladsd.records import ContinuationId
 from tests.rigs import book as rigs
@@ -39,9 +43,10 @@ class Book(rigs.Book):
         """``P_i`` as the book holds it, after checking it against a full vLLM lookup."""
         p = self.cands.pending[cid]
         groups, _ = lookup_hit(self.s.kv_cache_manager, p.hashes, len(p.notice.token_ids))
-        mine = [b.block_id for b, _ in p.checked]
+        mine = list(p.prefix.block_ids)
         assert mine == [b.block_id for b in flatten(groups)]
         assert p.size == len(mine) and p.ids == frozenset(mine)
+        assert p.prefix.hashes == tuple(b.block_hash for b in flatten(groups))
         return mine
 
 
@@ -144,7 +149,9 @@ def test_reserve_taken_is_the_union_of_free_blocks() -> None:
         cached = set(rng.sample(range(60), rng.randrange(30)))
         new = rng.randrange(5)
         want = len({b.block_id for b in blocks if b.ref_cnt == 0} | cached) + new
-        assert Reserve(set(cached), new).taken(blocks) == want
+        ids = tuple(b.block_id for b in blocks)
+        prefix = Prefix(blocks=tuple(blocks), block_ids=ids, ids=frozenset(ids))
+        assert Reserve(set(cached), new).taken(prefix) == want
 
 
 def scenario() -> list[Any]:
@@ -173,7 +180,7 @@ def test_published_states_are_the_same_without_the_shortcuts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     fast = scenario()
-    monkeypatch.setattr(lease_candidates.Candidates, "_stays", lambda self, p: False)
+    monkeypatch.setattr(lease_candidates, "unchanged", lambda *a, **k: False)  # look up all
 
     def rebuilt(self: Any, generation: int) -> Any:
         return lease_publish.build_records(self.leases, self.pins, generation)
@@ -182,3 +189,47 @@ def test_published_states_are_the_same_without_the_shortcuts(
     slow = scenario()
     assert fast == slow
     assert any(s.leases for s in fast) and any(dict(s.resident).get(A) == 8 for s in fast)
+
+
+class _Pool:
+    """What :func:`unchanged` reads of a pool: its epoch, strip stamps and cached hashes."""
+
+    def __init__(self) -> None:
+        self.hash_epoch = 0
+        self.stripped_at: dict[int, int] = {}
+        self.cached: set[Any] = set()
+
+    def get_cached_block(self, h: Any, groups: list[int]) -> Any:
+        key = make_block_hash_with_group_id(h, groups[0])
+        return key if key in self.cached else None
+
+
+def test_a_prefix_whose_block_got_its_hash_back_is_looked_up_again() -> None:
+    # Block 1 loses hash h1 (epoch 1) and later gets it back while another block holds
+    # h1 in vLLM's map: the hash alone looks intact, the strip stamp says it changed.
+    h = [make_block_hash_with_group_id(BlockHash(bytes([i])), 0) for i in range(3)]
+    blocks = [KVCacheBlock(i, 0, _block_hash=h[i]) for i in range(2)]
+    prefix = Prefix.of([blocks])
+    pool = _Pool()
+    raw = [BlockHash(bytes([i])) for i in range(3)]
+    assert unchanged(pool, True, prefix, raw, 0, complete=True)
+    pool.hash_epoch = 1  # a removal elsewhere: the hashes are read, and hold
+    assert unchanged(pool, True, prefix, raw, 0, complete=True)
+    pool.stripped_at[1] = 1  # block 1's own removal, after the check at epoch 0
+    assert not unchanged(pool, True, prefix, raw, 0, complete=True)
+    assert unchanged(pool, True, prefix, raw, 1, complete=True)  # checked after it
+    blocks[1].reset_hash()  # a hash gone without a stamp (a prefix-cache reset)
+    pool.hash_epoch = 2
+    assert not unchanged(pool, True, prefix, raw, 1, complete=True)
+
+
+def test_an_incomplete_prefix_stays_until_its_next_block_is_cached() -> None:
+    h = [make_block_hash_with_group_id(BlockHash(bytes([i])), 0) for i in range(3)]
+    prefix = Prefix.of([[KVCacheBlock(i, 0, _block_hash=h[i]) for i in range(2)]])
+    pool = _Pool()
+    raw = [BlockHash(bytes([i])) for i in range(3)]
+    assert not unchanged(pool, True, prefix, raw, -1, complete=False)  # never looked up
+    assert unchanged(pool, True, prefix, raw, 0, complete=False)
+    assert not unchanged(pool, False, prefix, raw, 0, complete=False)  # no plain lookup
+    pool.cached.add(make_block_hash_with_group_id(raw[2], 0))
+    assert not unchanged(pool, True, prefix, raw, 0, complete=False)  # it can grow now

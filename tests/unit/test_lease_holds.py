@@ -23,7 +23,7 @@ from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
 from ladsd.engine.lease_holds import LEASES, PINS, HoldNames, Holds
 from ladsd.engine.lease_pool import LeaseIntegrityError
-from ladsd.engine.lease_resident import lookup, make_hasher, prefix_hashes
+from ladsd.engine.lease_resident import Prefix, lookup, make_hasher, prefix_hashes
 from ladsd.engine.lease_table import Lease
 from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.records import ContinuationId, DenialEvent, HistoryNotice, LeaseKind, LeaseStatus
@@ -77,7 +77,7 @@ class HoldsRig:
         notice = HistoryNotice(cid, tuple(history), "p", "d", 0.0, 100)
         return h.acquire(
             notice,
-            resident,
+            Prefix.of(resident),
             granted_at=0.0,
             deadline=deadline,
             committed=False,
