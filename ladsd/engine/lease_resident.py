@@ -35,7 +35,7 @@ Hasher = Callable[[Request], list[BlockHash]]
 
 _PROBE_PARAMS = SamplingParams(max_tokens=1)
 # Mapped over a prefix's blocks: C speed on the ~560-block prefixes of captured-scaled.
-_block_id = attrgetter("block_id")
+get_block_id = attrgetter("block_id")
 _block_hash = attrgetter("block_hash")
 _ref_cnt = attrgetter("ref_cnt")
 _is_null = attrgetter("is_null")
@@ -122,7 +122,7 @@ class Prefix:
         hashes = tuple(map(_block_hash, blocks))
         if None in hashes:
             raise ValueError("a cache hit without a block hash")
-        ids = tuple(map(_block_id, blocks))
+        ids = tuple(map(get_block_id, blocks))
         return cls(tuple(blocks), tuple(slots), hashes, ids, frozenset(ids))
 
     def __len__(self) -> int:

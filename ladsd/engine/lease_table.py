@@ -33,17 +33,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
 
 from ladsd.engine.budget import fifo_key
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError, check_pool, native_refs
-from ladsd.engine.lease_resident import Prefix
+from ladsd.engine.lease_resident import Prefix, get_block_id
 from ladsd.records import ContinuationId, HistoryNotice, LeaseKind, LeaseRecord, LeaseStatus
-
-_block_id = attrgetter("block_id")  # mapped over a lease's blocks: C speed on 500-block prefixes
 
 Native = Callable[[], Iterable[Iterable[KVCacheBlock]]]
 
@@ -85,7 +82,7 @@ class Lease:
             cid=self.cid,
             prefix_digest=self.notice.prefix_digest,
             payload_digest=self.notice.payload_digest,
-            protected_blocks=tuple(map(_block_id, self.blocks)),
+            protected_blocks=tuple(map(get_block_id, self.blocks)),
             exclusive_blocks=exclusive,
             granted_at=self.granted_at,
             deadline=self.deadline,
@@ -237,7 +234,7 @@ class LeaseTable:
     def exclusive(self, lease: Lease) -> int:
         """``|E_i|``: blocks of the lease protected by no other lease."""
         refs = self.pool.refs_of(self.kind)
-        return list(map(refs.get, map(_block_id, lease.blocks))).count(1)
+        return list(map(refs.get, map(get_block_id, lease.blocks))).count(1)
 
     def gain(self, lease: Lease) -> int:
         """Free blocks a release would return now: held by this lease and nothing else."""
