@@ -97,6 +97,7 @@ class AugParams:
     lifetime_s: float  # l: the longest a Preserve holds
     tick_s: float  # the lease tick (a pin's expiry is checked at least this often)
     horizon_s: float  # readiness stamps older than this are dropped
+    preserve: bool = True  # False: no Preserve/Discard decision (augserve-order)
 
 
 class AugServe(SchedHooks):
@@ -127,6 +128,8 @@ class AugServe(SchedHooks):
         if n.cid in self.ready:  # decided at its first notice
             return
         self.ready[n.cid] = self.clock()
+        if not self.p.preserve:
+            return
         call_s = self.predictor.wait_s(n.cid.turn)
         if self.context(len(n.token_ids), call_s) is aug.Context.PRESERVE:
             self.counts["preserves"] += 1
@@ -311,11 +314,13 @@ class AugServeMixin:
         *,
         retention: Retention = Retention.LADS,
         augserve: aug.AugServeConfig | None = None,
+        preserve: bool = True,
     ) -> None:
         """Start leasing, then AugServe (checks the engine can run it).
 
         ``augserve``: the run profile's knobs (``profile.peers.augserve``, which also
         sized the step buffer); None: the default profile's (model-free harnesses).
+        ``preserve``: False runs AugServe's order and budget only (``augserve-order``).
         """
         if not isinstance(self.waiting, FCFSRequestQueue):
             raise ValueError("the augserve engine policy needs vLLM's fcfs scheduling policy")
@@ -330,6 +335,7 @@ class AugServeMixin:
             lifetime_s=cfg.lease_lifetime_s,
             tick_s=cfg.tick_s,
             horizon_s=_READY_HORIZON * cfg.lease_lifetime_s,
+            preserve=preserve,
         )
         self._lease_hooks = AugServe(self, params, clock)
 

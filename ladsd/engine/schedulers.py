@@ -6,12 +6,13 @@ from ladsd.modes import EnginePolicy
 
 
 def scheduler_class(policy: EnginePolicy, async_scheduling: bool) -> type:
-    """The scheduler class for ``policy`` (vLLM's own order, or AugServe's)."""
+    """The scheduler class for ``policy`` (vLLM's own order, or AugServe's, with or
+    without Preserve: one class, told at ``lease_setup``)."""
     if policy is EnginePolicy.VLLM:
         from ladsd.engine.sched_leases import AsyncLeaseScheduler, LeaseScheduler
 
         return AsyncLeaseScheduler if async_scheduling else LeaseScheduler
-    if policy is EnginePolicy.AUGSERVE:
+    if policy.augserve:
         from ladsd.engine.sched_augserve import AsyncAugServeScheduler, AugServeScheduler
 
         return AsyncAugServeScheduler if async_scheduling else AugServeScheduler

@@ -224,7 +224,8 @@ class EngineThread(EngineClient):
         s = self.settings
         built = build(s.cfg, s.dtype, s.engine_policy, s.cpu, self._say)
         kappa = self._kappa(built)
-        aug = {"augserve": s.augserve} if s.engine_policy is EnginePolicy.AUGSERVE else {}
+        ep = s.engine_policy
+        aug = {"augserve": s.augserve, "preserve": ep.preserves} if ep.augserve else {}
         built.sched.lease_setup(s.lease, kappa.seconds, clock.now, retention=s.retention, **aug)
         return built, kappa
 

@@ -34,6 +34,7 @@ def aug_rig(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 512,
     retention: Retention = Retention.NONE,
+    preserve: bool = True,
 ) -> Rig:
     s = testing.make_scheduler(
         cls,
@@ -44,7 +45,7 @@ def aug_rig(
     )
     clk = ManualClock(1000.0)
     lease = LeaseConfig(enabled=retention is Retention.LADS, headroom_blocks=2)
-    s.lease_setup(lease, KAPPA, clk, retention=retention, augserve=CFG)
+    s.lease_setup(lease, KAPPA, clk, retention=retention, augserve=CFG, preserve=preserve)
     return Rig(s, clk, payload=100, lists=False)
 
 
@@ -52,8 +53,10 @@ def aug_rig(
 
 
 def test_scheduler_class_picks_augserve():
-    assert scheduler_class(EnginePolicy.AUGSERVE, False) is AugServeScheduler
-    assert scheduler_class(EnginePolicy.AUGSERVE, True) is AsyncAugServeScheduler
+    for ep in (EnginePolicy.AUGSERVE, EnginePolicy.AUGSERVE_ORDER):  # one class for both
+        assert scheduler_class(ep, False) is AugServeScheduler
+        assert scheduler_class(ep, True) is AsyncAugServeScheduler
+    assert EnginePolicy.AUGSERVE.preserves and not EnginePolicy.AUGSERVE_ORDER.preserves
 
 
 def test_token_budget_formula_and_both_clips():
@@ -255,6 +258,26 @@ def test_discard_on_the_prior_wait_then_preserve_for_a_short_one():
     r.s.lease_release_all()
     audit = r.s.lease_audit()
     assert audit["refs_added"] == audit["refs_released"] > 0  # the preserve held blocks
+
+
+def test_augserve_order_takes_no_preserve_but_keeps_its_order_and_wait_samples():
+    """The case above without Preserve: the short wait that was pinned is not."""
+    r = aug_rig(num_blocks=128, retention=Retention.LADS, preserve=False)
+    hist = toks(30, 64)
+    r.run(hist, max_tokens=1)
+    r.notice(ContinuationId("a", 1), hist)
+    r.clk.advance(0.5)
+    r.s.lease_bind(ContinuationId("a", 1), "a-req")
+    r.notice(ContinuationId("b", 1), hist)  # augserve would Preserve this one
+    c = r.s.lease_state().counters
+    assert (c["augserve_discards"], c["augserve_preserves"]) == (0, 0)
+    assert c["augserve_wait_samples"] == 1  # theta's wait prediction still learns
+    assert r.s.lease_state().counters["pins"] == 0  # no pin outside the budget
+    long, short = r.add(toks(40, 6)), r.add(toks(41, 1))
+    assert [rid for rid, _ in r.s.augserve_priorities()] == [short.request_id, long.request_id]
+    r.s.lease_release_all()
+    audit = r.s.lease_audit()
+    assert audit["refs_added"] == audit["refs_released"]
 
 
 def test_setup_refuses_an_engine_it_cannot_run():
