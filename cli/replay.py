@@ -33,12 +33,13 @@ VERBOSE_HELP = "Show vLLM's and torch's logs on the terminal (always in the log 
 REPLAY_POLICIES = registry.PAPER  # compare's default: the eight of the tables
 DELIVERY_POLICIES = registry.DELIVERY  # the eight, then the other delivery names
 ENGINE_HELP = (
-    "vLLM's scheduler: vllm (its own FCFS order, fixed token budget) or augserve "
-    "(AugServe: value-density order, dynamic token budget; docs/peers.md)."
+    "vLLM's scheduler: vllm (its own FCFS order, fixed token budget), augserve "
+    "(AugServe: value-density order, dynamic token budget, Preserve pins; docs/peers.md) "
+    "or augserve-order (AugServe's order alone: vLLM's fixed budget, no Preserve)."
 )
 POLICY_HELP = (
-    f"One of: {', '.join(DELIVERY_POLICIES)}; or augserve (FIFO delivery on the augserve "
-    "engine policy) or augserve+POLICY."
+    f"One of: {', '.join(DELIVERY_POLICIES)}; or an engine policy (augserve, "
+    "augserve-order: FIFO delivery on it) or ENGINE+POLICY (augserve+lads)."
 )
 PEERS_HELP = (
     f"Add the neighbouring designs ({', '.join(registry.PEERS)}; docs/peers.md), "
@@ -100,7 +101,8 @@ def parse_policies(text: str, engine: EnginePolicy = EnginePolicy.VLLM) -> list[
     if bad:
         raise typer.BadParameter(
             f"unknown policies {bad}; choose from {', '.join(DELIVERY_POLICIES)}, "
-            "augserve or augserve+POLICY"
+            f"an engine policy ({', '.join(e.value for e in EnginePolicy if e.augserve)}) "
+            "or ENGINE+POLICY"
         )
     return list(dict.fromkeys(out))
 
@@ -356,6 +358,9 @@ def compare(
     repeats: int = typer.Option(
         2, help="Runs per seed of FIFO, Cache-first, LADS and the infinite cache (A/A pairs)."
     ),
+    repeat_all: bool = typer.Option(
+        False, "--repeat-all", help="Repeat every policy, peers too (each gets its A/A pair)."
+    ),
     out: Path = typer.Option(Path("bench/results/compare"), help="Folder for JSON and plots."),
     resume: bool = typer.Option(True, help="Reuse run files already in --out."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
@@ -363,7 +368,8 @@ def compare(
     """Run several policies over the same seeds; paper-style table, JSON and plots.
 
     Each (seed, repeat) block runs its policies in a rotated order; the core
-    policies run --repeats times per seed and their repeats are the noise floor.
+    policies (every policy with --repeat-all) run --repeats times per seed and
+    their repeats are the noise floor.
     Every run file records its configuration; a resume refuses a file made with
     another one. With --peers, the neighbouring designs run beside them (once per
     seed) and -peers.md / -peers.json hold their tables. The link dilation is
@@ -382,12 +388,13 @@ def compare(
     out.mkdir(parents=True, exist_ok=True)
     tag = f"{workload}" + (f"-c{cohort}" if cohort else "") + f"-{prof.name}"
     flags = compare_flags(cohort, trace, kv_blocks)
-    slots = planning.plan(names, seed_list, repeats, out, tag)
+    slots = planning.plan(names, seed_list, repeats, out, tag, repeat_all=repeat_all)
     stored = {s.path for s in slots if resume and s.path.exists()}
     n = len(slots)
     console.print(
         f"compare {workload} ({prof.name} profile): {len(names)} policies x "
-        f"{len(seed_list)} seeds, core policies x{repeats} = {n} runs"
+        f"{len(seed_list)} seeds, {'every' if repeat_all else 'core'} policies x{repeats} "
+        f"= {n} runs"
         + (f", {len(stored)} read back from {out}" if stored else "")
     )
     loaded = functools.cache(events.load)  # stored files: read once, checked before any run

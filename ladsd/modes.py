@@ -29,19 +29,14 @@ class Retention(StrEnum):
 class EnginePolicy(StrEnum):
     VLLM = "vllm"  # vLLM's own FCFS admission and fixed token budget
     AUGSERVE = "augserve"  # value-density order, dynamic token budget, Preserve/Discard
-    # (ours, issue 23) AugServe's order and token budget without Preserve: every waiting
-    # history is left to the delivery policy's retention (leases) and vLLM's eviction
+    # (ours, issue 23) AugServe's waiting-queue order only: vLLM's fixed token budget,
+    # no Preserve (waiting histories are left to the delivery's leases and vLLM's eviction)
     AUGSERVE_ORDER = "augserve-order"
 
     @property
     def augserve(self) -> bool:
-        """Does this engine run AugServe's scheduler hooks (order, token budget)?"""
+        """Does this engine order vLLM's waiting queue by AugServe's theta?"""
         return self in (EnginePolicy.AUGSERVE, EnginePolicy.AUGSERVE_ORDER)
-
-    @property
-    def preserves(self) -> bool:
-        """Does this engine pin histories with AugServe's Preserve (outside the budget)?"""
-        return self is EnginePolicy.AUGSERVE
 
 
 __all__ = ["EnginePolicy", "Retention"]

@@ -91,14 +91,15 @@ def engine_for(
 
     * an unbounded-pool name of the registry (``infinite-cache``) gets a pool nothing
       outgrows;
-    * the AugServe engine policies get a step buffer its token budget can fill:
+    * the AugServe engine policy gets a step buffer its token budget can fill:
       ``max_num_batched_tokens >= beta_high * T_max`` of the profile's AugServe
-      config (1,024; vLLM's own scheduler keeps the profile's fixed 512).
+      config (1,024; vLLM's own scheduler and ``augserve-order``, which keeps vLLM's
+      budget, keep the profile's fixed 512).
     """
     from ladsd.delivery.registry import unbounded_pool  # it imports the policies
 
     eng = profile.engine
-    if EnginePolicy(engine_policy).augserve:
+    if EnginePolicy(engine_policy) is EnginePolicy.AUGSERVE:
         aug = profile.peers.augserve
         step = max(eng.max_num_batched_tokens, math.floor(aug.beta_high * aug.t_max))
         eng = replace(eng, max_num_batched_tokens=step)

@@ -97,7 +97,7 @@ class AugParams:
     lifetime_s: float  # l: the longest a Preserve holds
     tick_s: float  # the lease tick (a pin's expiry is checked at least this often)
     horizon_s: float  # readiness stamps older than this are dropped
-    preserve: bool = True  # False: no Preserve/Discard decision (augserve-order)
+    order_only: bool = False  # augserve-order: no token budget, no Preserve/Discard
 
 
 class AugServe(SchedHooks):
@@ -128,7 +128,7 @@ class AugServe(SchedHooks):
         if n.cid in self.ready:  # decided at its first notice
             return
         self.ready[n.cid] = self.clock()
-        if not self.p.preserve:
+        if self.p.order_only:
             return
         call_s = self.predictor.wait_s(n.cid.turn)
         if self.context(len(n.token_ids), call_s) is aug.Context.PRESERVE:
@@ -181,7 +181,8 @@ class AugServe(SchedHooks):
             self.predictor.step.add(now - self.decode_since)  # a completed decode step
         self.decode_since = now  # kept by after_step only if this step is decode-only
         self._order(now)
-        self._budget()
+        if not self.p.order_only:
+            self._budget()
 
     def after_step(self, out: Any) -> None:
         after = self.clock()
@@ -314,13 +315,13 @@ class AugServeMixin:
         *,
         retention: Retention = Retention.LADS,
         augserve: aug.AugServeConfig | None = None,
-        preserve: bool = True,
+        order_only: bool = False,
     ) -> None:
         """Start leasing, then AugServe (checks the engine can run it).
 
         ``augserve``: the run profile's knobs (``profile.peers.augserve``, which also
         sized the step buffer); None: the default profile's (model-free harnesses).
-        ``preserve``: False runs AugServe's order and budget only (``augserve-order``).
+        ``order_only``: AugServe's waiting-queue order alone (``augserve-order``).
         """
         if not isinstance(self.waiting, FCFSRequestQueue):
             raise ValueError("the augserve engine policy needs vLLM's fcfs scheduling policy")
@@ -335,7 +336,7 @@ class AugServeMixin:
             lifetime_s=cfg.lease_lifetime_s,
             tick_s=cfg.tick_s,
             horizon_s=_READY_HORIZON * cfg.lease_lifetime_s,
-            preserve=preserve,
+            order_only=order_only,
         )
         self._lease_hooks = AugServe(self, params, clock)
 

@@ -73,12 +73,19 @@ def order(policies: Sequence[str], block: int) -> list[str]:
 
 
 def plan(
-    policies: Sequence[str], seeds: Sequence[int], repeats: int, out: Path, tag: str
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    repeats: int,
+    out: Path,
+    tag: str,
+    *,
+    repeat_all: bool = False,
 ) -> list[Slot]:
     """Blocks (seed, repeat) in order; each block runs its policies in rotated order.
 
     Core policies (:data:`CORE`, by run name: ``augserve+lads`` is a peer, not
-    LADS) run ``repeats`` times per seed, the others once. Repeat 1 keeps the
+    LADS) run ``repeats`` times per seed, the others once; ``repeat_all``
+    repeats every policy (each then has its own A/A pair). Repeat 1 keeps the
     single-run file name, so older folders resume as they are.
     """
     if repeats < 1:
@@ -87,7 +94,7 @@ def plan(
     block = 0
     for seed in seeds:
         for rep in range(1, repeats + 1):
-            names = [p for p in policies if rep == 1 or p in CORE]
+            names = [p for p in policies if rep == 1 or repeat_all or p in CORE]
             if not names:  # no core policy (e.g. only peers): nothing repeats
                 break
             for pos, p in enumerate(order(names, block)):

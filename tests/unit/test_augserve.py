@@ -34,7 +34,7 @@ def aug_rig(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 512,
     retention: Retention = Retention.NONE,
-    preserve: bool = True,
+    order_only: bool = False,
 ) -> Rig:
     s = testing.make_scheduler(
         cls,
@@ -45,7 +45,7 @@ def aug_rig(
     )
     clk = ManualClock(1000.0)
     lease = LeaseConfig(enabled=retention is Retention.LADS, headroom_blocks=2)
-    s.lease_setup(lease, KAPPA, clk, retention=retention, augserve=CFG, preserve=preserve)
+    s.lease_setup(lease, KAPPA, clk, retention=retention, augserve=CFG, order_only=order_only)
     return Rig(s, clk, payload=100, lists=False)
 
 
@@ -56,7 +56,6 @@ def test_scheduler_class_picks_augserve():
     for ep in (EnginePolicy.AUGSERVE, EnginePolicy.AUGSERVE_ORDER):  # one class for both
         assert scheduler_class(ep, False) is AugServeScheduler
         assert scheduler_class(ep, True) is AsyncAugServeScheduler
-    assert EnginePolicy.AUGSERVE.preserves and not EnginePolicy.AUGSERVE_ORDER.preserves
 
 
 def test_token_budget_formula_and_both_clips():
@@ -260,9 +259,10 @@ def test_discard_on_the_prior_wait_then_preserve_for_a_short_one():
     assert audit["refs_added"] == audit["refs_released"] > 0  # the preserve held blocks
 
 
-def test_augserve_order_takes_no_preserve_but_keeps_its_order_and_wait_samples():
-    """The case above without Preserve: the short wait that was pinned is not."""
-    r = aug_rig(num_blocks=128, retention=Retention.LADS, preserve=False)
+def test_augserve_order_keeps_the_order_only():
+    """The case above under ``augserve-order``: the short wait that was pinned is not,
+    and the step budget stays vLLM's; the theta order and its wait samples stay."""
+    r = aug_rig(num_blocks=128, retention=Retention.LADS, order_only=True)
     hist = toks(30, 64)
     r.run(hist, max_tokens=1)
     r.notice(ContinuationId("a", 1), hist)
@@ -275,6 +275,10 @@ def test_augserve_order_takes_no_preserve_but_keeps_its_order_and_wait_samples()
     assert r.s.lease_state().counters["pins"] == 0  # no pin outside the budget
     long, short = r.add(toks(40, 6)), r.add(toks(41, 1))
     assert [rid for rid, _ in r.s.augserve_priorities()] == [short.request_id, long.request_id]
+    r.s.max_num_scheduled_tokens = 300  # a mark no budget of augserve's would keep
+    r.step()
+    assert r.s.max_num_scheduled_tokens == 300  # never touched: vLLM's fixed budget
+    assert r.s.lease_state().counters["augserve_steps"] == 0
     r.s.lease_release_all()
     audit = r.s.lease_audit()
     assert audit["refs_added"] == audit["refs_released"]

@@ -25,6 +25,15 @@ def test_order_rotates_per_block_and_core_policies_repeat() -> None:
     assert "t-size-first-s1-r2.json" not in names
 
 
+def test_repeat_all_repeats_the_peers_too() -> None:
+    pols = ["fifo", "augserve-order+lads-adaptive", "hear-session"]
+    slots = plan.plan(pols, [1], 2, Path("o"), "t", repeat_all=True)
+    assert sorted((s.policy, s.repeat) for s in slots) == sorted(
+        (p, r) for p in pols for r in (1, 2)
+    )
+    assert "t-hear-session-s1-r2.json" in {s.path.name for s in slots}
+
+
 def test_every_policy_comes_first_in_some_block() -> None:
     pols = ["fifo", "cache-first", "lads", "infinite-cache"]
     slots = plan.plan(pols, [1, 2], 2, Path("o"), "t")
