@@ -393,7 +393,7 @@ def compare(
     n = len(slots)
     console.print(
         f"compare {workload} ({prof.name} profile): {len(names)} policies x "
-        f"{len(seed_list)} seeds, {'every' if repeat_all else 'core'} policies x{repeats} "
+        f"{len(seed_list)} seeds, {'all' if repeat_all else 'core'} policies x{repeats} "
         f"= {n} runs"
         + (f", {len(stored)} read back from {out}" if stored else "")
     )

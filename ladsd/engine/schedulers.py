@@ -6,8 +6,8 @@ from ladsd.modes import EnginePolicy
 
 
 def scheduler_class(policy: EnginePolicy, async_scheduling: bool) -> type:
-    """The scheduler class for ``policy`` (vLLM's own order, or AugServe's, with or
-    without Preserve: one class, told at ``lease_setup``)."""
+    """The scheduler class for ``policy`` (vLLM's own order, or AugServe's: whole or
+    its order alone, one class told which at ``lease_setup``)."""
     if policy is EnginePolicy.VLLM:
         from ladsd.engine.sched_leases import AsyncLeaseScheduler, LeaseScheduler
 

@@ -133,9 +133,10 @@ async def test_session_order_on_the_real_engine(model_ready: None) -> None:
 
 
 @pytest.mark.engine
-async def test_augserve_engine_runs_workflows_with_a_balanced_audit(model_ready):
-    prof = for_run(PROFILES["smoke"], "fifo", EnginePolicy.AUGSERVE)  # its step buffer
-    async with open_runtime(prof, "fifo", engine_policy=EnginePolicy.AUGSERVE) as rt:
+@pytest.mark.parametrize("ep", [EnginePolicy.AUGSERVE, EnginePolicy.AUGSERVE_ORDER])
+async def test_augserve_engine_runs_workflows_with_a_balanced_audit(model_ready, ep):
+    prof = for_run(PROFILES["smoke"], "fifo", ep)  # its step buffer
+    async with open_runtime(prof, "fifo", engine_policy=ep) as rt:
 
         async def workflow(i: int) -> int:
             prompt = [100 + (i * 31 + k) % 3000 for k in range(96 + 32 * i)]
@@ -159,6 +160,9 @@ async def test_augserve_engine_runs_workflows_with_a_balanced_audit(model_ready)
         state = await rt.engine.state()
     assert audit["refs_added"] == audit["refs_released"]
     c = state.counters
+    assert c["augserve_wait_samples"] == 8 and c["augserve_output_samples"] == 12
+    if ep is EnginePolicy.AUGSERVE_ORDER:  # the order alone: no budget, no decision
+        assert c["augserve_steps"] == 0 and c["augserve_preserves"] + c["augserve_discards"] == 0
+        return
     assert c["augserve_steps"] > 0 and c["augserve_budget_min"] >= 256
     assert c["augserve_preserves"] + c["augserve_discards"] == 8  # one decision per wait
-    assert c["augserve_wait_samples"] == 8 and c["augserve_output_samples"] == 12

@@ -182,6 +182,9 @@ def test_augserve_knobs_come_from_the_profile(monkeypatch: pytest.MonkeyPatch) -
     b = built_by_replay(monkeypatch, prof, make("controlled", prof, 1), "augserve+lads")
     assert b.cfg.max_num_batched_tokens == 3 * 512  # beta_high * T_max of this profile
     assert b.kw["augserve"] is wide  # and the scheduler gets the same knobs
+    o = built_by_replay(monkeypatch, prof, make("controlled", prof, 1), "augserve-order+lads")
+    assert o.cfg.max_num_batched_tokens == 512  # the order alone keeps vLLM's step and budget
+    assert o.kw["engine_policy"] == "augserve-order" and o.kw["augserve"] is wide
     assert EngineThread(smoke.engine, augserve=wide).settings.augserve is wide
     assert EngineThread(smoke.engine).settings.augserve == PeerConfig().augserve
 
