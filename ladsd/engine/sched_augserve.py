@@ -36,6 +36,13 @@ diagnostics (``scheduler_class(EnginePolicy.AUGSERVE, async)``). Contract:
   history), capped at ``l``, ended by handoff or expiry. Discard leaves the
   history to vLLM's eviction. Swap is not offered (no KV tier on the CPU
   backend, and ladsd runs vLLM without ``--kv-offloading-size``).
+* Order only (engine policy ``augserve-order``, ours; ``lease_setup(order_only=True)``):
+  the theta order above and nothing else. ``max_num_scheduled_tokens`` is never
+  touched (vLLM's fixed budget and step buffer; chunked prefill not required), no
+  Preserve/Discard is taken (readiness stamps are kept: the wait predictor's
+  samples), so every history is left to the delivery's leases and vLLM's eviction.
+  The budget and Preserve counters stay 0; ``augserve_budget_ceiling`` is then
+  vLLM's fixed budget.
 * Waiting time ``w_i`` (ours): seconds the engine request has spent in vLLM's
   waiting queue, summed over its waiting spans (from registration, and from
   each preemption, until a step schedules it); a workflow's earlier requests
@@ -325,7 +332,7 @@ class AugServeMixin:
         """
         if not isinstance(self.waiting, FCFSRequestQueue):
             raise ValueError("the augserve engine policy needs vLLM's fcfs scheduling policy")
-        if not self.scheduler_config.enable_chunked_prefill:
+        if not order_only and not self.scheduler_config.enable_chunked_prefill:
             raise ValueError("the augserve engine policy needs chunked prefill (dynamic budget)")
         super().lease_setup(cfg, kappa, clock, retention=retention)  # type: ignore[misc]
         params = AugParams(

@@ -2,9 +2,10 @@
 
 Benchmark discipline on a machine whose speed drifts: every seed is a block of
 runs whose policy order rotates from block to block (so no policy always runs
-first or last), the core policies run ``repeats`` times per seed (their
-repeats are the A/A noise floor), and every run file records the configuration
-it was made with, so a resume never mixes runs of different configurations.
+first or last), the core policies (every policy with ``repeat_all``) run
+``repeats`` times per seed (their repeats are the A/A noise floor), and every
+run file records the configuration it was made with, so a resume never mixes
+runs of different configurations.
 
 Run files, tables and plots use the run name (ladsd.delivery.registry);
 :class:`~ladsd.delivery.registry.RunName` takes it apart for the runtime.

@@ -278,7 +278,9 @@ def test_augserve_order_keeps_the_order_only():
     r.s.max_num_scheduled_tokens = 300  # a mark no budget of augserve's would keep
     r.step()
     assert r.s.max_num_scheduled_tokens == 300  # never touched: vLLM's fixed budget
-    assert r.s.lease_state().counters["augserve_steps"] == 0
+    c = r.s.lease_state().counters
+    assert c["augserve_steps"] == 0
+    assert c["augserve_order_changes"] == 1  # the queue was reordered (short before long)
     r.s.lease_release_all()
     audit = r.s.lease_audit()
     assert audit["refs_added"] == audit["refs_released"]
@@ -289,3 +291,5 @@ def test_setup_refuses_an_engine_it_cannot_run():
     s.scheduler_config.enable_chunked_prefill = False
     with pytest.raises(ValueError, match="chunked prefill"):
         s.lease_setup(LeaseConfig(), KAPPA, ManualClock(), retention=Retention.NONE)
+    # the order alone sets no budget, so it needs none
+    s.lease_setup(LeaseConfig(), KAPPA, ManualClock(), retention=Retention.NONE, order_only=True)
