@@ -356,7 +356,9 @@ def compare(
     dtype: str = dtype_option(),
     dilation: float = typer.Option(None, help=DILATION_HELP),
     repeats: int = typer.Option(
-        2, help="Runs per seed of FIFO, Cache-first, LADS and the infinite cache (A/A pairs)."
+        2,
+        help=f"Runs per seed of the core policies ({', '.join(registry.CORE)}; every policy "
+        "with --repeat-all): their repeats are the A/A pairs.",
     ),
     repeat_all: bool = typer.Option(
         False, "--repeat-all", help="Repeat every policy, peers too (each gets its A/A pair)."

@@ -272,7 +272,7 @@ def test_augserve_order_keeps_the_order_only():
     c = r.s.lease_state().counters
     assert (c["augserve_discards"], c["augserve_preserves"]) == (0, 0)
     assert c["augserve_wait_samples"] == 1  # theta's wait prediction still learns
-    assert r.s.lease_state().counters["pins"] == 0  # no pin outside the budget
+    assert c["pins"] == 0  # no pin outside the budget
     long, short = r.add(toks(40, 6)), r.add(toks(41, 1))
     assert [rid for rid, _ in r.s.augserve_priorities()] == [short.request_id, long.request_id]
     r.s.max_num_scheduled_tokens = 300  # a mark no budget of augserve's would keep
