@@ -28,7 +28,6 @@ from ladsd.clock import ManualClock  # noqa: E402
 from ladsd.config import LeaseConfig  # noqa: E402
 from ladsd.engine.lease_resident import (  # noqa: E402
     Prefix,
-    flatten,
     lookup,
     make_hasher,
     prefix_hashes,
@@ -77,7 +76,7 @@ def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
     hasher = make_hasher(BS)
     hashes = prefix_hashes(hist, hasher)
     groups = lookup(kv, hashes, len(hist))
-    blocks = flatten(groups)
+    blocks = Prefix.of(groups).blocks
     assert len(blocks) == n_blocks
     prefix = Prefix.of(groups)
 

@@ -31,10 +31,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 
 from ladsd.engine import budget as bud
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
@@ -43,6 +41,7 @@ from ladsd.engine.lease_resident import (
     Prefix,
     lookup_hit,
     make_hasher,
+    plain_lookup,
     prefix_hashes,
     unchanged,
 )
@@ -50,20 +49,6 @@ from ladsd.records import ContinuationId, HistoryNotice, InventoryItem, Phase, S
 
 Turn = tuple[str, int]  # (workflow, turn)
 View = list[tuple["LeaseCandidate", bud.Candidate]]
-
-
-def plain_lookup(kv: KVCacheManager) -> bool:
-    """vLLM's prefix lookup is the plain longest run of cached full blocks here: one
-    full-attention group, no EAGLE drop, no context parallelism, hash block = cache block."""
-    c = getattr(kv, "coordinator", None)
-    if type(c) is not UnitaryKVCacheCoordinator or c.eagle_group_ids:
-        return False
-    return (
-        type(c.single_type_managers[0]) is FullAttentionManager
-        and c.dcp_world_size == 1
-        and c.pcp_world_size == 1
-        and c.block_size == c.block_pool.hash_block_size
-    )
 
 
 def turn_of(cid: ContinuationId) -> Turn:

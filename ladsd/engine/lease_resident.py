@@ -22,6 +22,7 @@ from typing import Any
 
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import (
     BlockHash,
@@ -29,6 +30,7 @@ from vllm.v1.core.kv_cache_utils import (
     KVCacheBlock,
     get_request_block_hasher,
 )
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.request import Request
 
 Hasher = Callable[[Request], list[BlockHash]]
@@ -85,11 +87,6 @@ def lookup(
     return lookup_hit(kv, hashes, num_tokens)[0]
 
 
-def flatten(groups: Sequence[Sequence[KVCacheBlock]]) -> list[KVCacheBlock]:
-    """The real blocks of a per-group block list, null blocks skipped."""
-    return [b for g in groups for b in g if not b.is_null]
-
-
 @dataclass(frozen=True, eq=False)  # eq=False: a block's == walks vLLM's free list
 class Prefix:
     """``P_i`` as one lookup found it, flattened once for every reader of it.
@@ -137,6 +134,20 @@ class Prefix:
         return list(compress(self.block_ids, map(not_, map(_ref_cnt, self.blocks))))
 
 
+def plain_lookup(kv: KVCacheManager) -> bool:
+    """vLLM's prefix lookup is the plain longest run of cached full blocks here: one
+    full-attention group, no EAGLE drop, no context parallelism, hash block = cache block."""
+    c = getattr(kv, "coordinator", None)
+    if type(c) is not UnitaryKVCacheCoordinator or c.eagle_group_ids:
+        return False
+    return (
+        type(c.single_type_managers[0]) is FullAttentionManager
+        and c.dcp_world_size == 1
+        and c.pcp_world_size == 1
+        and c.block_size == c.block_pool.hash_block_size
+    )
+
+
 def unchanged(
     pool: Any, plain: bool, prefix: Prefix, hashes: Sequence[BlockHash], epoch: int, complete: bool
 ) -> bool:
@@ -180,4 +191,4 @@ def resident_prefix(
         cache_salt=cache_salt,
         lora_request=lora_request,
     )
-    return flatten(lookup(kv, hashes, len(token_ids)))
+    return list(Prefix.of(lookup(kv, hashes, len(token_ids))).blocks)
