@@ -33,10 +33,18 @@ class EnginePolicy(StrEnum):
     # no Preserve (waiting histories are left to the delivery's leases and vLLM's eviction)
     AUGSERVE_ORDER = "augserve-order"
 
+    # What each engine policy implies, in one place (the scheduler class, its setup and
+    # the step buffer all read these two).
     @property
     def augserve(self) -> bool:
         """Does this engine order vLLM's waiting queue by AugServe's theta?"""
         return self in (EnginePolicy.AUGSERVE, EnginePolicy.AUGSERVE_ORDER)
+
+    @property
+    def dynamic_budget(self) -> bool:
+        """AugServe's dynamic token budget and Preserve/Discard, and the step buffer
+        (``beta_high * T_max``) the budget needs; else vLLM's fixed budget, no Preserve."""
+        return self is EnginePolicy.AUGSERVE
 
 
 __all__ = ["EnginePolicy", "Retention"]

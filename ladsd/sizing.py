@@ -99,7 +99,7 @@ def engine_for(
     from ladsd.delivery.registry import unbounded_pool  # it imports the policies
 
     eng = profile.engine
-    if EnginePolicy(engine_policy) is EnginePolicy.AUGSERVE:
+    if EnginePolicy(engine_policy).dynamic_budget:
         aug = profile.peers.augserve
         step = max(eng.max_num_batched_tokens, math.floor(aug.beta_high * aug.t_max))
         eng = replace(eng, max_num_batched_tokens=step)

@@ -225,8 +225,7 @@ class EngineThread(EngineClient):
         built = build(s.cfg, s.dtype, s.engine_policy, s.cpu, self._say)
         kappa = self._kappa(built)
         ep = s.engine_policy
-        only = ep is EnginePolicy.AUGSERVE_ORDER
-        aug = {"augserve": s.augserve, "order_only": only} if ep.augserve else {}
+        aug = {"augserve": s.augserve, "order_only": not ep.dynamic_budget} if ep.augserve else {}
         built.sched.lease_setup(s.lease, kappa.seconds, clock.now, retention=s.retention, **aug)
         return built, kappa
 

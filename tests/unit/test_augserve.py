@@ -58,6 +58,16 @@ def test_scheduler_class_picks_augserve():
         assert scheduler_class(ep, True) is AsyncAugServeScheduler
 
 
+def test_engine_policies_say_what_they_imply():
+    """The one table the scheduler class, its setup (order_only) and the step buffer read."""
+    implied = {ep: (ep.augserve, ep.dynamic_budget) for ep in EnginePolicy}
+    assert implied == {
+        EnginePolicy.VLLM: (False, False),
+        EnginePolicy.AUGSERVE: (True, True),
+        EnginePolicy.AUGSERVE_ORDER: (True, False),
+    }
+
+
 def test_token_budget_formula_and_both_clips():
     c = aug.AugServeConfig()  # T_max 512, [0.5, 2.0] -> [256, 1024]
     assert aug.token_budget(40, 0, 16, c, ceiling=4096) == 640  # floor(40 * 16 / 1)
