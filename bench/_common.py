@@ -17,10 +17,11 @@ def free_port() -> int:
 
 
 def git_commit() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    """The commit as a result file's ``git`` (:func:`ladsd.provenance.git_state`)."""
+    from ladsd.provenance import git_state
 
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "-uno"))}
+    commit, dirty = git_state()
+    return {"commit": commit, "dirty": dirty}
 
 
 def pinned_tree(into: Path) -> Path:

@@ -21,6 +21,7 @@ from ladsd.delivery import registry
 from ladsd.engine import cpu
 from ladsd.metrics import comparison, events, grid, peer_compare, summary
 from ladsd.modes import EnginePolicy
+from ladsd.provenance import git_commit
 from ladsd.workloads import dilation as dil
 from ladsd.workloads import plan as planning
 from ladsd.workloads.factory import WORKLOADS, make
@@ -408,8 +409,6 @@ def compare(
         pd = None  # nothing runs (a re-render): no dilation is measured
         if len(stored) < n:
             # Before any run: a refused folder must not get this commit's runs first.
-            from ladsd.workloads.runner import git_commit
-
             here = git_commit()
             for path in sorted(stored):
                 check_commit(loaded(path), here, path)

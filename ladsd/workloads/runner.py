@@ -29,6 +29,7 @@ from ladsd.metrics.events import (
     WorkflowRecord,
     new_counters,
 )
+from ladsd.provenance import git_commit
 from ladsd.records import ContinuationId
 from ladsd.runtime import CallOutcome, Runtime
 from ladsd.wiring import open_runtime
@@ -344,27 +345,6 @@ def _dilation_meta(
         "kappa_ref_s": ref,
         "time_constants": constants,
     }
-
-
-@functools.cache
-def git_commit() -> str:
-    """The checkout's commit, with ``+dirty`` when tracked files differ ("unknown" outside git)."""
-    import subprocess
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        head = subprocess.run(
-            ["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
 
 
 def _profile_dict(prof: Profile) -> dict[str, Any]:
