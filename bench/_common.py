@@ -16,8 +16,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def git_commit() -> dict[str, Any]:
-    """The commit as a result file's ``git`` (:func:`ladsd.provenance.git_state`)."""
+def git_meta() -> dict[str, Any]:
+    """A result file's ``git``: the commit of the checkout ``ladsd`` is imported from
+    (:func:`ladsd.provenance.git_state`), the code the runs ran."""
     from ladsd.provenance import git_state
 
     commit, dirty = git_state()
@@ -41,5 +42,5 @@ def result_head(bench: str, stamp: str) -> dict[str, Any]:
 
     from ladsd.engine import cpu
 
-    head = {"bench": bench, "created": stamp, "git": git_commit(), "argv": sys.argv[1:]}
+    head = {"bench": bench, "created": stamp, "git": git_meta(), "argv": sys.argv[1:]}
     return head | cpu.meta()

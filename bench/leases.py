@@ -76,9 +76,9 @@ def per_block(n_blocks: int, repeat: int) -> dict[str, float]:
     hasher = make_hasher(BS)
     hashes = prefix_hashes(hist, hasher)
     groups = lookup(kv, hashes, len(hist))
-    blocks = Prefix.of(groups).blocks
-    assert len(blocks) == n_blocks
     prefix = Prefix.of(groups)
+    blocks = list(prefix.blocks)
+    assert len(blocks) == n_blocks
 
     def timed(op: Callable[[], None], reps: int = 20) -> float:
         t = time.perf_counter()

@@ -64,7 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import free_port, git_commit, pinned_tree  # noqa: E402
+from _common import free_port, git_meta, pinned_tree  # noqa: E402
 
 from ladsd.agent import actions  # noqa: E402
 from ladsd.agent.prompt import system_prompt, user_prompt  # noqa: E402
@@ -595,7 +595,7 @@ async def main() -> None:
     doc: dict[str, Any] = {
         "bench": "serve",
         "created": stamp,
-        "git": git_commit(),
+        "git": git_meta(),
         "profile": args.profile,
         "flags": {
             "argv": sys.argv[1:],

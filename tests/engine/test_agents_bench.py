@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,4 +68,5 @@ def test_two_sessions_through_the_driver(tmp_path: Path) -> None:
             if b["kind"] == "extends":  # the whole previous prompt but its last partial block
                 assert b["cached_tokens"] >= a["prompt_tokens"] - 32
     assert run["counters"]["grants"] >= 1 and run["counters"]["handoffs"] >= 1
-    assert doc["workload"]["traces_commit"] and doc["git"]["commit"]
+    assert doc["workload"]["traces_commit"]
+    assert re.fullmatch("[0-9a-f]{40}", doc["git"]["commit"])  # not "unknown": git was read

@@ -22,6 +22,12 @@ BS = 16  # block size
 T0 = 1000.0  # the manual clock's start
 
 
+def real_blocks(groups: Any) -> list[Any]:
+    """The real blocks of a per-group lookup, null blocks skipped: the tests' own
+    reference for ``Prefix.of`` (the product's one flattening)."""
+    return [b for g in groups for b in g if not b.is_null]
+
+
 def toks(seed: int, n_blocks: int) -> list[int]:
     """A history of ``n_blocks`` full blocks, distinct per seed."""
     return [1000 + seed * 7919 + i for i in range(n_blocks * BS)]

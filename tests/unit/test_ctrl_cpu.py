@@ -27,6 +27,7 @@ from ladsd.engine.lease_table import LeaseTable
 from ladsd.records import ContinuationId
 from tests.rigs import book as rigs
 from tests.rigs.book import toks
+from tests.rigs.leases import real_blocks as real
 
 A = ContinuationId("wa", 1)
 B = ContinuationId("wb", 1)
@@ -233,8 +234,3 @@ def test_an_incomplete_prefix_stays_until_its_next_block_is_cached() -> None:
     assert not unchanged(pool, False, prefix, raw, 0, complete=False)  # no plain lookup
     pool.cached.add(make_block_hash_with_group_id(raw[2], 0))
     assert not unchanged(pool, True, prefix, raw, 0, complete=False)  # it can grow now
-
-
-def real(groups: Any) -> list[Any]:
-    """The real blocks of a per-group lookup, null blocks skipped (the reference)."""
-    return [b for g in groups for b in g if not b.is_null]

@@ -30,6 +30,7 @@ from ladsd.records import (
     Phase,
     SenderInventory,
 )
+from tests.rigs.leases import real_blocks as real
 
 BS = 16
 H = 6
@@ -249,8 +250,3 @@ LeaseMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestLeaseMachine = LeaseMachine.TestCase
-
-
-def real(groups: Any) -> list[Any]:
-    """The real blocks of a per-group lookup, null blocks skipped (the reference)."""
-    return [b for g in groups for b in g if not b.is_null]
