@@ -38,9 +38,10 @@ ENGINE_HELP = (
     "(AugServe: value-density order, dynamic token budget, Preserve pins; docs/peers.md) "
     "or augserve-order (AugServe's order alone: vLLM's fixed budget, no Preserve)."
 )
+AUGSERVE_ENGINES = ", ".join(e.value for e in EnginePolicy if e.augserve)  # augserve, ...
 POLICY_HELP = (
-    f"One of: {', '.join(DELIVERY_POLICIES)}; or an engine policy (augserve, "
-    "augserve-order: FIFO delivery on it) or ENGINE+POLICY (augserve+lads)."
+    f"One of: {', '.join(DELIVERY_POLICIES)}; or an engine policy ({AUGSERVE_ENGINES}: "
+    "FIFO delivery on it) or ENGINE+POLICY (augserve+lads)."
 )
 PEERS_HELP = (
     f"Add the neighbouring designs ({', '.join(registry.PEERS)}; docs/peers.md), "
@@ -102,7 +103,7 @@ def parse_policies(text: str, engine: EnginePolicy = EnginePolicy.VLLM) -> list[
     if bad:
         raise typer.BadParameter(
             f"unknown policies {bad}; choose from {', '.join(DELIVERY_POLICIES)}, "
-            f"an engine policy ({', '.join(e.value for e in EnginePolicy if e.augserve)}) "
+            f"an engine policy ({AUGSERVE_ENGINES}) "
             "or ENGINE+POLICY"
         )
     return list(dict.fromkeys(out))
@@ -397,8 +398,7 @@ def compare(
     console.print(
         f"compare {workload} ({prof.name} profile): {len(names)} policies x "
         f"{len(seed_list)} seeds, {'all' if repeat_all else 'core'} policies x{repeats} "
-        f"= {n} runs"
-        + (f", {len(stored)} read back from {out}" if stored else "")
+        f"= {n} runs" + (f", {len(stored)} read back from {out}" if stored else "")
     )
     loaded = functools.cache(events.load)  # stored files: read once, checked before any run
     runs: dict[str, list[events.RunRecord]] = {}
