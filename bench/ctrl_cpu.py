@@ -1,8 +1,12 @@
 """Controller CPU, LADS (and lads-adaptive) against FIFO: ``ctrl CPU s`` per run, ratios, A/A.
 
 ``ctrl CPU s`` (``controller_cpu_s`` of a run file) is the sender's CPU time
-inside ``policy.choose`` (``decision_cpu_s``) plus the engine thread's CPU in
-lease commands, queries and ticks (``command_cpu_s``; ``Runtime.controller_cpu_s``).
+inside ``policy.choose`` and the policy's hooks (``decision_cpu_s``), plus the
+engine thread's CPU in lease commands, queries and ticks (``command_cpu_s``),
+plus its CPU building the states it publishes after steps (``publish_cpu_s``;
+``Runtime.controller_cpu``). Run files written before the third part was
+counted have no ``publish_cpu_s`` (and hooks outside ``decision_cpu_s``): they
+print ``publish -``, and their ``ctrl CPU s`` is the first two parts only.
 Each run is one ``ladsd replay`` process, as the tables' runs are. Repeat ``r``
 runs the policies rotated by ``r - 1`` (rotation); a policy's repeats are its
 A/A pair. One dilation for the pass: the first run measures it, every later run
@@ -44,11 +48,13 @@ from rerender import Subset, runs_of  # noqa: E402
 from ladsd.metrics.summary import repeat_of  # noqa: E402
 
 POLICIES = ("fifo", "lads", "lads-adaptive")  # FIFO first: the others' ratios are to it
+PARTS = ("decision_cpu_s", "command_cpu_s", "publish_cpu_s")  # ctrl CPU s = their sum
 # Decision counters kept per run: the same choices show as the same counts.
 COUNTERS = (
     "controller_cpu_s",
     "decision_cpu_s",  # its sender part (policy.choose)
     "command_cpu_s",  # its engine-thread part (lease commands, queries, ticks)
+    "publish_cpu_s",  # its engine-thread part in the states published after steps
     "evaluations",
     "grants",
     "denials",
@@ -106,7 +112,7 @@ def read(folder: Path, tag: str, policies: tuple[str, ...]) -> list[dict[str, An
 
 
 def summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
-    """Per policy: runs, mean ctrl CPU (min-max), its two parts, the ratio to FIFO."""
+    """Per policy: runs, mean ctrl CPU (min-max), its parts, the ratio to FIFO."""
     missing = [p for p in policies if not any(r["policy"] == p for r in rows)]
     if missing:
         sys.exit(f"no runs of {', '.join(map(repr, missing))}")
@@ -114,13 +120,25 @@ def summary(rows: list[dict[str, Any]], policies: tuple[str, ...]) -> None:
     for p in policies:
         rs = [r for r in rows if r["policy"] == p]
         cpu = [r["controller_cpu_s"] for r in rs]
-        part = {k: statistics.mean(r[k] for r in rs) for k in ("decision_cpu_s", "command_cpu_s")}
+        part = {k: mean_or_none([r[k] for r in rs]) for k in PARTS}
         over = f"{res[f'{p}_over_fifo']:.2f}x" if p != "fifo" else "1.00x"
         print(
             f"{p:22s} {len(rs):2d} runs: ctrl CPU {statistics.mean(cpu):.3f} s "
-            f"({min(cpu):.3f}-{max(cpu):.3f}; decide {part['decision_cpu_s']:.3f}, "
-            f"engine {part['command_cpu_s']:.3f}) / FIFO {over}"
+            f"({min(cpu):.3f}-{max(cpu):.3f}; {parts(part)}) / FIFO {over}"
         )
+
+
+def mean_or_none(xs: list[float | None]) -> float | None:
+    """The mean, or None when a run file lacks the part (written before it was counted)."""
+    return None if any(x is None for x in xs) else statistics.mean(x for x in xs if x is not None)
+
+
+def parts(part: dict[str, Any]) -> str:
+    """``decide D, engine E, publish P`` (``-`` for a part the run files lack)."""
+    return ", ".join(
+        f"{name} {'-' if part[k] is None else format(part[k], '.3f')}"
+        for name, k in zip(("decide", "engine", "publish"), PARTS, strict=True)
+    )
 
 
 def row(policy: str, repeat: int, rec: dict) -> dict[str, Any]:
@@ -133,6 +151,7 @@ def row(policy: str, repeat: int, rec: dict) -> dict[str, Any]:
         "kappa_s": meta.get("kappa_s"),
         "wall_s": rec["wall_s"],
         **{k: c.get(k, 0) for k in COUNTERS},
+        "publish_cpu_s": c.get("publish_cpu_s"),  # None: a run file before it was counted
     }
 
 
@@ -190,7 +209,7 @@ def main() -> None:
                 r = rows[-1]
                 print(
                     f"{pol:13s} r{rep}: ctrl CPU {r['controller_cpu_s']:.3f} s "
-                    f"(decide {r['decision_cpu_s']:.3f}, engine {r['command_cpu_s']:.3f}), "
+                    f"({parts(r)}), "
                     f"{r['evaluations']:.0f} evaluations, {r['grants']:.0f} grants, "
                     f"{r['promotions']} promotions (run {r['wall_s']:.0f} s)",
                     flush=True,

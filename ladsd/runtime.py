@@ -380,6 +380,8 @@ class Runtime:
         link = self.sender.stats().get("control_bytes", 0)
         return int(link + self.state_bytes + self.engine.inventory_bytes)
 
-    def controller_cpu(self) -> tuple[float, float]:
-        """(the sender's CPU in ``policy.choose``, the engine thread's in lease commands)."""
-        return self.sender.decision_s, self.engine.command_cpu_s
+    def controller_cpu(self) -> tuple[float, float, float]:
+        """The controller's CPU in three parts: the sender's in the policy (``choose`` and
+        its hooks), the engine thread's in lease commands, and in the published states."""
+        eng = self.engine
+        return self.sender.decision_s, eng.command_cpu_s, eng.publish_cpu_s

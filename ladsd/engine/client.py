@@ -130,6 +130,11 @@ class EngineClient:
         return self.counters.command_cpu_s
 
     @property
+    def publish_cpu_s(self) -> float:
+        """Engine-thread CPU building the states published after steps (newest record's)."""
+        return self.counters.publish_cpu_s
+
+    @property
     def inventory_bytes(self) -> int:
         """Bytes of the inventories that crossed (as of the newest record)."""
         return self.counters.inventory_bytes

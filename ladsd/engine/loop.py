@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ladsd import clock
@@ -157,7 +157,7 @@ class EngineLoop:
                     changed, dirty = True, False
                 next_tick = clock.now() + tick
             if changed:
-                self._publish()
+                self._publish_step()
 
     def _at_rest(self, dirty: bool) -> bool:
         """Quiet idle: nothing changed since the last tick and no lease, candidate or pin
@@ -195,7 +195,7 @@ class EngineLoop:
             return self._act(c)
         finally:
             cpu = self.counters.command_cpu_s + time.thread_time() - t0
-            self.counters = Counters(cpu, self.counters.inventory_bytes)
+            self.counters = replace(self.counters, command_cpu_s=cpu)
 
     def _act(self, c: cmd.Command) -> Any:
         """The one place that acts on a command (engine thread)."""
@@ -211,7 +211,7 @@ class EngineLoop:
                 return s.lease_require(notice)
             case cmd.Inventory(inv):
                 n = self.counters.inventory_bytes + inv_bytes(inv)
-                self.counters = Counters(self.counters.command_cpu_s, n)
+                self.counters = replace(self.counters, inventory_bytes=n)
                 return s.lease_inventory(inv)
             case cmd.Cancel(cid):
                 return s.lease_cancel(cid)
@@ -300,6 +300,15 @@ class EngineLoop:
                 self.reply(fut, err)
             elif isinstance(command, cmd.Submit):
                 self.sink.put(Failed(command.rid, err))
+
+    def _publish_step(self) -> None:
+        """Publish after a loop iteration that changed something, counting its CPU: the
+        states the sender reads are the controller's work too (spec 3.4), not only the
+        commands (a ``State`` barrier's publication counts as its command's)."""
+        t0 = time.thread_time()
+        self._publish()
+        cpu = self.counters.publish_cpu_s + time.thread_time() - t0
+        self.counters = replace(self.counters, publish_cpu_s=cpu)
 
     def _publish(self) -> EngineState:
         """Publish a fresh state (in engine order, with the counters)."""

@@ -125,7 +125,7 @@ class Outbox:
 
     @property
     def decision_s(self) -> float:
-        """CPU time (this thread's) spent inside ``policy.choose``."""
+        """CPU time (this thread's) inside ``policy.choose`` and the policy's hooks."""
         return self._calls.decision_s
 
     @property
@@ -257,7 +257,7 @@ class Outbox:
         if self.error is not None:
             return False  # a broken policy is not asked again
         try:
-            fn(*args)
+            self._calls.hook(fn, *args)
         except Exception as exc:
             self.stop(self._calls.broken(hook, exc))
             return False

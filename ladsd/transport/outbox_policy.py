@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ladsd.config import FRAME_OVERHEAD
 from ladsd.delivery.policy import Pending, Policy, SenderView
@@ -20,8 +20,9 @@ class PolicyCalls:
     Owns: the policy; the engine state passed to it in :class:`SenderView`
     (the latest state, unfiltered, and the previous one's seq, so the policy's
     record checks see exactly what arrived); ``decision_s``, this thread's
-    CPU time inside ``choose`` (not wall time: on two cores a wait for the
-    GIL, which the engine thread holds between its ops, is no decision work).
+    CPU time inside ``choose`` and the policy's hooks (``on_state`` reads
+    every published state; not wall time: on two cores a wait for the GIL,
+    which the engine thread holds between its ops, is no decision work).
     It names the :class:`PolicyError` of a hook that raised or a choice that
     is not pending; the outbox decides what follows (it stops). Event loop's thread only.
 
@@ -33,7 +34,7 @@ class PolicyCalls:
         self.policy = policy
         self.state: EngineState | None = None
         self.seq_before = -1
-        self.decision_s = 0.0  # CPU time spent inside policy.choose
+        self.decision_s = 0.0  # CPU time spent inside policy.choose and its hooks
 
     @property
     def name(self) -> str:
@@ -59,6 +60,14 @@ class PolicyCalls:
         t0 = time.thread_time()
         try:
             return self.policy.choose(tuple(items), view, t)
+        finally:
+            self.decision_s += time.thread_time() - t0
+
+    def hook(self, fn: Callable[..., object], *args: object) -> None:
+        """Call one of the policy's hooks (it may raise), timed into ``decision_s``."""
+        t0 = time.thread_time()
+        try:
+            fn(*args)
         finally:
             self.decision_s += time.thread_time() - t0
 

@@ -180,7 +180,7 @@ class Sender:
 
     @property
     def decision_s(self) -> float:
-        """Wall time spent inside ``policy.choose``."""
+        """CPU time (this thread's) inside ``policy.choose`` and the policy's hooks."""
         return self.outbox.decision_s
 
     @property

@@ -1,4 +1,5 @@
-"""ctrl CPU s counts the sender's CPU in ``policy.choose``, not its wall time (issue 23 item 5).
+"""ctrl CPU s counts the sender's CPU in ``policy.choose`` and the policy's hooks, not its
+wall time (issue 23 item 5).
 
 On two cores the event loop often waits for the GIL while the engine thread
 holds it; that wait is no decision work. The clock is read through the module,
@@ -63,3 +64,27 @@ def test_a_choose_that_raises_still_counts(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(RuntimeError):
         calls.choose([item(1).item], calls.view(0, 1000.0), 0.0)
     assert calls.decision_s == pytest.approx(0.25)
+
+
+class Hooks(First):
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_state(self, state: object, now: float) -> None:
+        self.seen.append("state")
+
+    def on_complete(self, cid: object, tokens: int, now: float) -> None:
+        raise RuntimeError("boom")
+
+
+def test_the_policys_hooks_count_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``on_state`` reads every published state: its CPU is decision work (one that
+    raises still counts; the outbox names the error)."""
+    reads = fake_clocks(monkeypatch)
+    pol = Hooks()
+    calls = PolicyCalls(pol)
+    calls.hook(pol.on_state, None, 0.0)
+    with pytest.raises(RuntimeError):
+        calls.hook(pol.on_complete, None, 3, 0.0)
+    assert pol.seen == ["state"] and len(reads) == 4
+    assert calls.decision_s == pytest.approx(0.5)
