@@ -321,14 +321,23 @@ def test_headroom_refusal_guards_a_stale_target() -> None:
     r.step()  # big and small hold ~36 blocks; A's 10 are free, cached, counted in F
     assert r.s.lease_resident(ha) == 10 and 20 <= r.pool.get_num_free_blocks() < 30
     r.rate = 1e6
-    r.publish()  # replenishment without evaluation: F - 10 free blocks taken < 20
+    r.publish()  # a plain inventory (Q_B moved) neither evaluates nor replenishes
+    assert r.s.lease_state().counters["headroom_refusals"] == 0
+    refill(r)  # replenishment without evaluation: F - 10 free blocks taken < 20
     st = r.s.lease_state()
     assert st.lease_for(A) is None and not st.denials
     assert st.counters["headroom_refusals"] == 1
     r.s.finish_requests([big.request_id, small.request_id], RequestStatus.FINISHED_ABORTED)
     r.ok()
-    r.publish()  # F = 63 again: the same stale target now grants
+    refill(r)  # F = 63 again: the same stale target now grants
     assert r.lease(A) is not None
+
+
+def refill(r: Any) -> None:
+    """Replenish as after a release (spec 3.2): the view's FIFO grants, no new budget."""
+    r.book.grants.released = True
+    r.book.grants.refill(r.clk())
+    r.ok()
 
 
 def test_near_use_needs_a_timely_fifo_estimate() -> None:
@@ -342,9 +351,11 @@ def test_near_use_needs_a_timely_fifo_estimate() -> None:
     r.notice(A, ha)
     assert r.lease(A) is None and r.s.lease_state().resident == ((A, 4),)
     r.q_b = 0
-    r.publish()  # replenishment sees a timely A under the old B = 0 ...
-    assert r.lease(A) is None
-    r.s.lease_tick()  # ... and the next evaluation grants it
+    evaluations = r.s.lease_state().counters["evaluations"]
+    r.publish()  # a plain inventory (Q_B moved): no evaluation, no replenishment ...
+    st = r.s.lease_state()
+    assert r.lease(A) is None and st.counters["evaluations"] == evaluations
+    r.s.lease_tick()  # ... the next evaluation (spec 3.1: every 100 ms) grants it
     assert r.lease(A) is not None
 
 
