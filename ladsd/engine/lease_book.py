@@ -288,6 +288,26 @@ class LeaseBook:
         self.grants.evaluate(view)
         self.grants.replenish(now, view)
 
+    def mark(self) -> tuple[int, ...]:
+        """What :meth:`state` shows, but its time (and the integrals over time): two equal
+        marks give equal states. References (``U``, ``F``, records, gauges), the budget
+        generation (``B``, ``C``, denials), the events and refusals taken since the last
+        state, ``|P_i|`` (the candidates' version), every counter (they only grow), the
+        waiting sessions."""
+        g, pool = self.grants, self.pool
+        return (
+            pool.refs_added,
+            pool.refs_released,
+            pool.get_num_free_blocks(),
+            g.generation,
+            len(g.denials),
+            len(g.refusals),
+            len(self.pub.events),
+            self.cands.version,
+            sum(self.counters.values()),
+            len(self.sessions.entries),
+        )
+
     def quiet(self) -> bool:
         """Nothing a tick could act on: no candidate, lease or pin is live.
 

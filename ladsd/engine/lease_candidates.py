@@ -119,6 +119,10 @@ class Candidates:
         self.latest: dict[Turn, int] = {}  # version of the live continuation per turn
         self.inv: SenderInventory | None = None
         self.phases: dict[ContinuationId, Phase] = {}  # phases in the latest inventory
+        # Moves when a candidate comes or goes or its |P_i| changes: sizes_of is kept
+        # until then (a state is published after nearly every engine step).
+        self.version = 0
+        self._sizes: tuple[int, tuple[tuple[ContinuationId, int], ...]] = (-1, ())
 
     # -- announcements and versions ------------------------------------------
 
@@ -146,11 +150,15 @@ class Candidates:
         p = LeaseCandidate(n, self._hash(n), listed=listed, committed=phase is Phase.COMMITTED)
         self.pending[n.cid] = p
         self.latest[turn] = n.cid.version
+        self.version += 1
         return p
 
     def forget(self, cid: ContinuationId) -> bool:
         """No longer a grant candidate; True if it was one. A lease is not affected."""
-        return self.pending.pop(cid, None) is not None
+        if self.pending.pop(cid, None) is None:
+            return False
+        self.version += 1
+        return True
 
     def settle(self, cid: ContinuationId) -> None:
         """``cid`` has no candidate entry and no lease left: forget its turn's version."""
@@ -179,6 +187,7 @@ class Candidates:
         self.pending.clear()
         self.latest.clear()
         self.inv, self.phases = None, {}
+        self.version += 1
 
     # -- the sender's inventory ------------------------------------------------
 
@@ -263,14 +272,21 @@ class Candidates:
             p.epoch = pool.hash_epoch
             return
         n = len(p.notice.token_ids)
+        size = p.size
         p.resident, hit = lookup_hit(self.kv, p.hashes, n)
         p.prefix = Prefix.of(p.resident)
+        if p.size != size:
+            self.version += 1
         p.complete = bool(p.prefix) and hit >= n // self._hash_args[0] * self._hash_args[0]
         p.epoch = pool.hash_epoch
 
     def sizes_of(self) -> tuple[tuple[ContinuationId, int], ...]:
         """``|P_i|`` per candidate at its last lookup, FIFO order (0 = cold)."""
-        return tuple((p.cid, p.size) for p in self.ordered())
+        version, sizes = self._sizes
+        if version != self.version:
+            sizes = tuple((p.cid, p.size) for p in self.ordered())
+            self._sizes = (self.version, sizes)
+        return sizes
 
     def _hash(self, n: HistoryNotice) -> list[BlockHash]:
         if not self.kv.enable_caching or not n.token_ids:
@@ -310,6 +326,9 @@ class Candidates:
             ids = tuple(b.block_id for g in p.resident for b in g if not b.is_null)
             if p.prefix.block_ids != ids or p.prefix.ids != frozenset(ids):
                 raise LeaseIntegrityError(f"candidate {cid.key()}: P_i cache disagrees")
+        version, sizes = self._sizes
+        if version == self.version and sizes != tuple((p.cid, p.size) for p in self.ordered()):
+            raise LeaseIntegrityError("resident sizes cached past a change (version not moved)")
         if self.inv is None and self.phases:
             raise LeaseIntegrityError("inventory phases without an inventory")
         if self.inv is not None and self.phases != {it.cid: it.phase for it in self.inv.items}:

@@ -167,20 +167,29 @@ class EngineLoop:
     def _drain(self, wait: float | None) -> tuple[bool, bool]:
         """Run every queued command (None: wait for one); return (stop, anything changed).
 
-        Under quiet idle a query (:data:`_QUERIES`) changes nothing; otherwise
-        every command counts, as a replay always did.
+        Under quiet idle a query (:data:`_QUERIES`) changes nothing. An inventory
+        changes something only if the book's published part moved
+        (``lease_mark``): most inventories are a chunk written, and a state
+        that differs from the last one only in its time tells the sender
+        nothing (the tick still publishes every period, so records stay young).
+        Every other command counts, as a replay always did.
         """
         changed = False
         for command, fut in _coalesce(self.inbox.get(wait)):
             if isinstance(command, cmd.Stop):
                 return True, True
-            changed = changed or not (self.upkeep.quiet_idle and isinstance(command, _QUERIES))
+            inventory = isinstance(command, cmd.Inventory)
+            mark = self.sched.lease_mark() if inventory else None
+            queried = self.upkeep.quiet_idle and isinstance(command, _QUERIES)
+            changed = changed or not (queried or inventory)
             try:
                 res = self._dispatch(command)
             except Exception as e:
                 if fut is None:  # nobody to tell: fatal (see the contract)
                     raise
                 res = e  # e.g. an audit mismatch: the caller's error
+            if inventory:
+                changed = changed or self.sched.lease_mark() != mark
             if fut is not None:
                 self.reply(fut, res)
         return False, changed

@@ -130,6 +130,11 @@ class LeaseMixin:
         """The sender's causal inventory changed: commitment marks, replenishment."""
         self.lease_book.inventory(inv)
 
+    def lease_mark(self) -> tuple[int, ...]:
+        """What a published state shows of the leases, but its time: equal marks, equal
+        states (:meth:`~ladsd.engine.lease_book.LeaseBook.mark`)."""
+        return self.lease_book.mark()
+
     def lease_bind(self, cid: ContinuationId, request_id: str) -> None:
         """``cid`` was registered as engine request ``request_id`` (handoff target)."""
         self.lease_book.bind(cid, request_id)
