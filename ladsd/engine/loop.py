@@ -145,19 +145,20 @@ class EngineLoop:
                 return
             if idle:
                 next_tick = clock.now() + tick  # the first tick after idle is a period away
-            if engine.has_unfinished_requests():
-                worked = self._step()
-                stalled = not worked
-                changed = changed or worked
-            dirty = dirty or changed
-            if clock.now() >= next_tick:
-                if not self._at_rest(dirty):
-                    self._dispatch(cmd.Tick())
-                    self.activity.ticks += 1
-                    changed, dirty = True, False
-                next_tick = clock.now() + tick
-            if changed:
-                self._publish_step()
+            with self.sink.batch():  # the step's outputs and the state after it: one wake
+                if engine.has_unfinished_requests():
+                    worked = self._step()
+                    stalled = not worked
+                    changed = changed or worked
+                dirty = dirty or changed
+                if clock.now() >= next_tick:
+                    if not self._at_rest(dirty):
+                        self._dispatch(cmd.Tick())
+                        self.activity.ticks += 1
+                        changed, dirty = True, False
+                    next_tick = clock.now() + tick
+                if changed:
+                    self._publish_step()
 
     def _at_rest(self, dirty: bool) -> bool:
         """Quiet idle: nothing changed since the last tick and no lease, candidate or pin

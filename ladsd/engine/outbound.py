@@ -4,7 +4,8 @@ Contract:
 
 * Everything the engine thread tells the asyncio side is one of the frozen
   records of :data:`Record`, put through :class:`Sink` (one
-  ``call_soon_threadsafe`` path, so records arrive in the order they were put)
+  ``call_soon_threadsafe`` path, so records arrive in the order they were put;
+  :meth:`Sink.batch` hands an engine step's records over together)
   and handled in one place: :meth:`ladsd.engine.client.EngineClient._on_record`.
 * :class:`Published` and :class:`Reply` carry the engine thread's
   :class:`Counters`: the asyncio side reads counters from records only, never
@@ -18,7 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,14 +100,47 @@ Record = Published | Output | Done | Failed | Reply | Dead
 
 
 class Sink:
-    """The engine thread's one way out: ``put`` hands a record to the loop, in order."""
+    """The engine thread's one way out: ``put`` hands a record to the loop, in order.
+
+    Inside :meth:`batch` the records are held and handed over together when it
+    ends (also on an error): an engine step's outputs and the state published
+    after it wake the event loop once, not once each (every
+    ``call_soon_threadsafe`` writes to the loop's self-pipe). Outside a batch a
+    record goes at once, so a reply is never held behind a step.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_record: Callable[[Record], None]):
         self._loop = loop
         self._on_record = on_record
+        self._held: list[Record] | None = None  # a batch is open
 
     def put(self, record: Record) -> None:
+        if self._held is not None:
+            self._held.append(record)
+            return
+        self._send(self._on_record, record)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold the records put inside; hand them over in order when it ends."""
+        if self._held is not None:
+            raise RuntimeError("a sink batch is already open")
+        self._held = []
         try:
-            self._loop.call_soon_threadsafe(self._on_record, record)
+            yield
+        finally:
+            held, self._held = self._held, None
+            if len(held) == 1:
+                self._send(self._on_record, held[0])
+            elif held:
+                self._send(self._take, held)
+
+    def _take(self, records: list[Record]) -> None:
+        for r in records:
+            self._on_record(r)
+
+    def _send(self, fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, arg)
         except RuntimeError:  # the loop closed: a start given up while the engine loaded
-            log.debug("event loop closed; dropped %s", type(record).__name__)
+            log.debug("event loop closed; dropped %s", type(arg).__name__)

@@ -154,6 +154,41 @@ async def test_records_reach_their_one_place_in_the_order_they_were_put():
     assert isinstance(await c.get(), EngineDead)
 
 
+async def test_a_batch_hands_a_steps_records_over_together_in_order():
+    """Inside ``Sink.batch`` records wait and go with one wake of the loop, in order;
+    an error inside still hands them over; outside a batch each goes at once."""
+    from ladsd.engine.outbound import Output, Sink
+
+    loop = asyncio.get_running_loop()
+    got: list[str] = []
+    sink = Sink(loop, lambda r: got.append(r.rid))
+    wakes = 0
+    real = loop.call_soon_threadsafe
+
+    def counted(*args: typing.Any) -> typing.Any:
+        nonlocal wakes
+        wakes += 1
+        return real(*args)
+
+    loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+    try:
+        with sink.batch():
+            for rid in ("a", "b", "c"):
+                sink.put(Output(rid, None))
+            await asyncio.sleep(0)
+            assert got == []  # held until the batch ends
+        with pytest.raises(RuntimeError, match="step failed"), sink.batch():
+            sink.put(Output("d", None))
+            raise RuntimeError("step failed")
+        sink.put(Output("e", None))
+        with pytest.raises(RuntimeError, match="already open"), sink.batch(), sink.batch():
+            pass
+    finally:
+        loop.call_soon_threadsafe = real  # type: ignore[method-assign]
+    await asyncio.sleep(0)
+    assert got == ["a", "b", "c", "d", "e"] and wakes == 3
+
+
 def test_the_inbox_refuses_before_start_and_after_death_and_orphans_nothing():
     from ladsd.engine.outbound import EngineDead, EngineError
 
