@@ -180,7 +180,6 @@ class EngineLoop:
             if isinstance(command, cmd.Stop):
                 return True, True
             inventory = isinstance(command, cmd.Inventory)
-            mark = self.sched.lease_mark() if inventory else None
             queried = self.upkeep.quiet_idle and isinstance(command, _QUERIES)
             changed = changed or not (queried or inventory)
             try:
@@ -190,7 +189,7 @@ class EngineLoop:
                     raise
                 res = e  # e.g. an audit mismatch: the caller's error
             if inventory:
-                changed = changed or self.sched.lease_mark() != mark
+                changed = changed or res is True  # the book's mark moved
             if fut is not None:
                 self.reply(fut, res)
         return False, changed
@@ -222,7 +221,9 @@ class EngineLoop:
             case cmd.Inventory(inv):
                 n = self.counters.inventory_bytes + inv_bytes(inv)
                 self.counters = replace(self.counters, inventory_bytes=n)
-                return s.lease_inventory(inv)
+                mark = s.lease_mark()  # inside the command: its CPU counts with it
+                s.lease_inventory(inv)
+                return s.lease_mark() != mark
             case cmd.Cancel(cid):
                 return s.lease_cancel(cid)
             case cmd.Tick():
