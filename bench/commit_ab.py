@@ -1,0 +1,115 @@
+"""Two or more commits of the same policies side by side: latency and ctrl CPU per seed.
+
+Reads ``ladsd compare`` folders named ``VARIANT-WORKLOAD-sSEED`` (in ``FOLDER``, or its
+``runs.tar.xz``), each run from a worktree of one commit (``VARIANT``), every policy
+twice a seed at one given dilation. Per workload, seed and variant it prints FIFO's and
+the policy's mean workflow latency (the mean of the two repeats), the policy's
+reduction against FIFO, the A/A pair spreads (|repeat 2 / repeat 1 - 1|, FIFO / the
+policy), ctrl CPU per run (FIFO's and the policy's means, their ratio) and its three
+parts (decide / commands / published states; ``-`` where a run file predates the
+part), the policy's grants and cached prompt tokens, and the commit each variant's run
+files name. Measures nothing; ``--md`` writes what it prints.
+
+    .venv/bin/python bench/commit_ab.py bench/results/issue23-ctrl48
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rerender import run_dir, run_files  # noqa: E402
+
+from ladsd.metrics import events  # noqa: E402
+from ladsd.metrics.events import RunRecord  # noqa: E402
+from ladsd.metrics.summary import mean_latency, repeat_of  # noqa: E402
+
+FOLDER = re.compile(r"^(?P<variant>[a-z0-9]+)-(?P<workload>[a-z0-9]+)-s(?P<seed>\d+)$")
+PARTS = ("decision_cpu_s", "command_cpu_s", "publish_cpu_s")
+
+
+def load(folder: Path) -> dict[tuple[str, str, int], dict[str, list[RunRecord]]]:
+    """(workload, variant, seed) -> policy -> its runs (repeat order)."""
+    out: dict[tuple[str, str, int], dict[str, list[RunRecord]]] = {}
+    root = run_dir(folder)
+    for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+        m = FOLDER.match(sub.name)
+        if m is None:
+            continue
+        key = (m["workload"], m["variant"], int(m["seed"]))
+        runs = out.setdefault(key, {})
+        for path in run_files(sub):
+            r = events.load(path)
+            if r.seed != key[2]:
+                sys.exit(f"{path}: seed {r.seed} in a folder named for seed {key[2]}")
+            runs.setdefault(r.policy, []).append(r)
+    for runs in out.values():
+        for p, rs in runs.items():
+            rs.sort(key=repeat_of)
+            if [repeat_of(r) for r in rs] != list(range(1, len(rs) + 1)):
+                sys.exit(f"{p}: repeats {[repeat_of(r) for r in rs]}, not 1..n once each")
+    return out
+
+
+def spread(rs: list[RunRecord]) -> str:
+    return f"{abs(mean_latency(rs[1]) / mean_latency(rs[0]) - 1) * 100:.1f}" if len(rs) > 1 else "-"
+
+
+def parts(rs: list[RunRecord]) -> str:
+    """decide / commands / states, each the mean over ``rs`` (``-``: a run lacks it)."""
+    out = []
+    for k in PARTS:
+        xs = [r.counters.get(k) for r in rs]
+        out.append("-" if any(x is None for x in xs) else f"{statistics.mean(xs):.3f}")
+    return " / ".join(out)
+
+
+def commit(rs: list[RunRecord]) -> str:
+    shas = {str(r.meta.get("git", "?"))[:7] for r in rs}
+    return ",".join(sorted(shas))
+
+
+def report(folder: Path, policy: str) -> list[str]:
+    data = load(folder)
+    lines = [
+        "| workload | seed | variant | commit | FIFO s | policy s | below FIFO % | pairs % "
+        "| ctrl CPU s (FIFO / policy) | ratio | parts FIFO | parts policy | grants | cached |",
+        "|---|---:|---|---|---:|---:|---:|---|---|---:|---|---|---:|---:|",
+    ]
+    for (wl, var, seed), runs in sorted(data.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        fifo, pol = runs.get("fifo"), runs.get(policy)
+        if not fifo or not pol:
+            sys.exit(f"{var}-{wl}-s{seed}: needs fifo and {policy}")
+        f = statistics.mean(map(mean_latency, fifo))
+        p = statistics.mean(map(mean_latency, pol))
+        cf = statistics.mean(r.counters["controller_cpu_s"] for r in fifo)
+        cp = statistics.mean(r.counters["controller_cpu_s"] for r in pol)
+        grants = statistics.mean(r.counters.get("grants", 0.0) for r in pol)
+        cached = statistics.mean(r.counters.get("cached_prompt_tokens", 0.0) for r in pol)
+        lines.append(
+            f"| {wl} | {seed} | {var} | {commit(fifo + pol)} | {f:.2f} | {p:.2f} "
+            f"| {100 * (1 - p / f):.1f} | {spread(fifo)} / {spread(pol)} | {cf:.3f} / {cp:.3f} "
+            f"| {cp / cf:.2f}x | {parts(fifo)} | {parts(pol)} | {grants:.0f} "
+            f"| {cached / 1e3:.0f}K |"
+        )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path, help="holds VARIANT-WORKLOAD-sSEED/ (or a runs.tar.xz)")
+    ap.add_argument("--policy", default="lads-adaptive", help="compared with fifo")
+    ap.add_argument("--md", type=Path, default=None, help="also write the table here")
+    a = ap.parse_args()
+    lines = report(a.folder, a.policy)
+    print("\n".join(lines))
+    if a.md:
+        a.md.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

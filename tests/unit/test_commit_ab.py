@@ -1,0 +1,50 @@
+"""bench/commit_ab.py: commits side by side, read back from the committed stop-48 pack.
+
+Model-free: nothing is run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import bench_script
+
+ROOT = Path(__file__).resolve().parents[2]
+FOLDER = ROOT / "bench/results/issue23-ctrl48"
+
+
+def rows(lines: list[str]) -> list[dict[str, str]]:
+    table = [[c.strip() for c in x.strip("| ").split(" | ")] for x in lines if x.startswith("| ")]
+    head = table[0]
+    return [dict(zip(head, r, strict=True)) for r in table[2:]]
+
+
+def test_the_pack_gives_every_variant_and_its_commit() -> None:
+    ab = bench_script("commit_ab")
+    got = rows(ab.report(FOLDER, "lads-adaptive"))
+    seen = {(r["workload"], r["seed"], r["variant"]) for r in got}
+    assert {("cs", "16", v) for v in ("base", "cand", "head")} <= seen
+    by = {(r["workload"], r["seed"], r["variant"]): r for r in got}
+    # The README's figures: the accounting commit, then the inventory rule.
+    assert by[("cs", "16", "base")]["commit"] == "27a509f"
+    assert by[("cs", "16", "base")]["ratio"] == "1.51x"
+    assert by[("c8", "18", "cand")]["below FIFO %"] == "38.6"
+    # Every run of the pack counts the published states (no '-').
+    assert all("-" not in r["parts policy"].split(" / ") for r in got)
+
+
+def test_a_repeat_listed_twice_is_refused(tmp_path: Path) -> None:
+    ab = bench_script("commit_ab")
+    src = ab.run_dir(FOLDER) / "base-cs-s16"
+    dst = tmp_path / "base-cs-s16"
+    shutil.copytree(src, dst)
+    r2 = next(dst.glob("*-fifo-s16-r2.json"))
+    doc = json.loads(r2.read_text())
+    doc["meta"]["repeat"] = 1
+    r2.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit, match="not 1..n once each"):
+        ab.load(tmp_path)
