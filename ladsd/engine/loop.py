@@ -106,6 +106,7 @@ class EngineLoop:
         self.reqs: dict[str, _Req] = {}
         self.counters = Counters()
         self.final_audit: dict[str, float] | None = None
+        self.mark: tuple[int, ...] | None = None  # the book's mark at the last publication
 
     @property
     def sched(self) -> Any:
@@ -159,6 +160,9 @@ class EngineLoop:
                     next_tick = clock.now() + tick
                 if changed:
                     self._publish_step()
+            if changed:  # the batch's wake carried the state: the controller pays for it
+                cpu = self.counters.publish_cpu_s + self.sink.flush_cpu_s
+                self.counters = replace(self.counters, publish_cpu_s=cpu)
 
     def _at_rest(self, dirty: bool) -> bool:
         """Quiet idle: nothing changed since the last tick and no lease, candidate or pin
@@ -169,9 +173,9 @@ class EngineLoop:
         """Run every queued command (None: wait for one); return (stop, anything changed).
 
         Under quiet idle a query (:data:`_QUERIES`) changes nothing. An inventory
-        changes something only if the book's published part moved
-        (``lease_mark``): most inventories are a chunk written, and a state
-        that differs from the last one only in its time tells the sender
+        changes something only if the book's mark differs from the one at the last
+        publication (``lease_mark``): most inventories are a chunk written, and a
+        state that differs from the last one only in its time tells the sender
         nothing (the tick still publishes every period, so records stay young).
         Every other command counts, as a replay always did.
         """
@@ -221,9 +225,10 @@ class EngineLoop:
             case cmd.Inventory(inv):
                 n = self.counters.inventory_bytes + inv_bytes(inv)
                 self.counters = replace(self.counters, inventory_bytes=n)
-                mark = s.lease_mark()  # inside the command: its CPU counts with it
                 s.lease_inventory(inv)
-                return s.lease_mark() != mark
+                # Against the last published state (a stalled step may have expired a
+                # lease unpublished); inside the command, so its CPU counts with it.
+                return s.lease_mark() != self.mark
             case cmd.Cancel(cid):
                 return s.lease_cancel(cid)
             case cmd.Tick():
@@ -324,6 +329,7 @@ class EngineLoop:
     def _publish(self) -> EngineState:
         """Publish a fresh state (in engine order, with the counters)."""
         state = self.sched.lease_state()
+        self.mark = self.sched.lease_mark()  # what this state shows (see _drain)
         self.activity.published += 1
         self.sink.put(Published(state, self.counters))
         return state

@@ -253,7 +253,7 @@ def _shift(c: CallRecord, t0: float) -> CallRecord:
 
 
 def _counters(
-    rt: Runtime, audit: dict, flows: tuple, cpu0: tuple[float, float]
+    rt: Runtime, audit: dict, flows: tuple, cpu0: tuple[float, float, float]
 ) -> dict[str, float]:
     out = new_counters()
     st = rt.state.counters if rt.state is not None else {}

@@ -88,3 +88,16 @@ def test_the_policys_hooks_count_too(monkeypatch: pytest.MonkeyPatch) -> None:
         calls.hook(pol.on_complete, None, 3, 0.0)
     assert pol.seen == ["state"] and len(reads) == 4
     assert calls.decision_s == pytest.approx(0.5)
+
+
+def test_the_outbox_times_a_hook_it_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Outbox.set_state`` calls ``on_state`` through the timed hook (not around it)."""
+    from ladsd.config import LinkConfig
+    from ladsd.records import EngineState
+    from ladsd.transport.outbox import Outbox
+
+    reads = fake_clocks(monkeypatch)
+    pol = Hooks()
+    ob = Outbox(pol, config=LinkConfig())  # type: ignore[arg-type]
+    ob.set_state(EngineState(time=0.0, seq=1, generation=0))
+    assert pol.seen == ["state"] and len(reads) == 2 and ob.decision_s == pytest.approx(0.25)

@@ -859,8 +859,9 @@ def bare(st: Any) -> Any:
 
 def test_equal_marks_give_equal_states() -> None:
     """The engine loop skips the publication after an inventory that left the book's
-    mark where it was; that is sound only if such a state equals the last one but
-    for its time. Each step here compares the state before and after one operation."""
+    mark where the last publication saw it; that is sound only if such a state
+    equals the last one but for its time. Each step here takes a state (as a
+    publication does), runs one operation and compares."""
     r = rig()
     ha, hb = toks(1, 4), toks(2, 4)
     r.run(ha)
@@ -875,7 +876,8 @@ def test_equal_marks_give_equal_states() -> None:
         return op
 
     ops = [
-        inventory(10_000),  # nothing listed yet: Q_B alone moved
+        inventory(10_000),  # the first inventory ever: an evaluation (spec 3.1)
+        inventory(9_000),  # nothing listed yet: Q_B alone moved
         lambda: r.notice(A, ha),
         inventory(6_000),  # a chunk written
         lambda: r.phase(A, Phase.COMMITTED),
@@ -897,6 +899,26 @@ def test_equal_marks_give_equal_states() -> None:
         if m0 == m1:
             same += 1
             assert bare(after) == bare(before) and after.events == ()
+            assert bare(after).counters == bare(before).counters  # compare=False in ==
         else:
             moved += 1
     assert same >= 3 and moved >= 4  # both kinds happened
+
+
+def test_a_cancellation_in_an_inventory_refills() -> None:
+    """A plain inventory does not replenish, but one that cancels a leased result
+    releases its blocks, and the release refills (spec 3.2): B, refused for headroom
+    while A held its blocks, is granted under the same budget, with no new evaluation."""
+    r = rig(num_blocks=64, headroom=56)  # F = 63: A's grant leaves 59, B's would leave 55
+    ha, hb = toks(1, 4), toks(2, 4)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha)
+    assert r.lease(A) is not None
+    r.notice(B, hb)
+    assert r.lease(B) is None and r.s.lease_state().counters["headroom_refusals"] >= 1
+    evaluations = r.s.lease_state().counters["evaluations"]
+    r.phase(A, Phase.CANCELLED)  # the sender withdraws A: its lease ends
+    st = r.s.lease_state()
+    assert st.lease_for(A) is None and st.lease_for(B) is not None
+    assert st.counters["evaluations"] == evaluations
