@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ctrl_cpu import PARTS, mean_or_none  # noqa: E402
 from rerender import run_dir, run_files  # noqa: E402
 
 from ladsd.metrics import events  # noqa: E402
@@ -29,7 +30,6 @@ from ladsd.metrics.events import RunRecord  # noqa: E402
 from ladsd.metrics.summary import mean_latency, repeat_of  # noqa: E402
 
 FOLDER = re.compile(r"^(?P<variant>[a-z0-9]+)-(?P<workload>[a-z0-9]+)-s(?P<seed>\d+)$")
-PARTS = ("decision_cpu_s", "command_cpu_s", "publish_cpu_s")
 
 
 def load(folder: Path) -> dict[tuple[str, str, int], dict[str, list[RunRecord]]]:
@@ -61,11 +61,8 @@ def spread(rs: list[RunRecord]) -> str:
 
 def parts(rs: list[RunRecord]) -> str:
     """decide / commands / states, each the mean over ``rs`` (``-``: a run lacks it)."""
-    out = []
-    for k in PARTS:
-        xs = [r.counters.get(k) for r in rs]
-        out.append("-" if any(x is None for x in xs) else f"{statistics.mean(xs):.3f}")
-    return " / ".join(out)
+    means = (mean_or_none([r.counters.get(k) for r in rs]) for k in PARTS)
+    return " / ".join("-" if m is None else f"{m:.3f}" for m in means)
 
 
 def commit(rs: list[RunRecord]) -> str:

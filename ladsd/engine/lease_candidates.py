@@ -284,9 +284,12 @@ class Candidates:
         """``|P_i|`` per candidate at its last lookup, FIFO order (0 = cold)."""
         version, sizes = self._sizes
         if version != self.version:
-            sizes = tuple((p.cid, p.size) for p in self.ordered())
+            sizes = self._sizes_now()
             self._sizes = (self.version, sizes)
         return sizes
+
+    def _sizes_now(self) -> tuple[tuple[ContinuationId, int], ...]:
+        return tuple((p.cid, p.size) for p in self.ordered())
 
     def _hash(self, n: HistoryNotice) -> list[BlockHash]:
         if not self.kv.enable_caching or not n.token_ids:
@@ -327,7 +330,7 @@ class Candidates:
             if p.prefix.block_ids != ids or p.prefix.ids != frozenset(ids):
                 raise LeaseIntegrityError(f"candidate {cid.key()}: P_i cache disagrees")
         version, sizes = self._sizes
-        if version == self.version and sizes != tuple((p.cid, p.size) for p in self.ordered()):
+        if version == self.version and sizes != self._sizes_now():
             raise LeaseIntegrityError("resident sizes cached past a change (version not moved)")
         if self.inv is None and self.phases:
             raise LeaseIntegrityError("inventory phases without an inventory")

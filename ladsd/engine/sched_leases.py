@@ -127,7 +127,8 @@ class LeaseMixin:
         return self.lease_book.require(n)
 
     def lease_inventory(self, inv: SenderInventory) -> None:
-        """The sender's causal inventory changed: commitment marks, replenishment."""
+        """The sender's causal inventory changed: phases and marks; an evaluation and
+        grants at a first listing, a refill after a release (LeaseBook.inventory)."""
         self.lease_book.inventory(inv)
 
     def lease_mark(self) -> tuple[int, ...]:
