@@ -11,7 +11,9 @@ Contract:
   travel in every ``Published`` and ``Reply``; every lease command, tick and
   query counts its CPU, also those that reply at once.
 * Upkeep (:class:`~ladsd.engine.upkeep.Upkeep`): a replay's engine ticks every
-  ``tick_s`` and publishes after every command, step and tick; the daemon's is
+  ``tick_s`` and publishes after every command, step and tick that changed what a
+  state shows (a step whose state would equal the last one but for its time
+  publishes nothing while that one is younger than a tick); the daemon's is
   quiet when idle (no tick while nothing is live and nothing changed since the
   last one; no state after a query; the thread sleeps until a command).
 * Fail fast: any error of this thread declares the engine dead (a step that
@@ -73,6 +75,14 @@ class PoolSnapshot:
         return dict(self.__dict__)
 
 
+@dataclass(frozen=True)
+class Publication:
+    """The last published state's mark (``lease_mark``: all it shows but its time) and time."""
+
+    mark: tuple[float, ...] | None = None
+    time: float = float("-inf")
+
+
 @dataclass
 class _Req:
     """Engine-thread book-keeping of one registered request."""
@@ -106,7 +116,7 @@ class EngineLoop:
         self.reqs: dict[str, _Req] = {}
         self.counters = Counters()
         self.final_audit: dict[str, float] | None = None
-        self.mark: tuple[int, ...] | None = None  # the book's mark at the last publication
+        self.last = Publication()  # what the last published state showed, and when
 
     @property
     def sched(self) -> Any:
@@ -160,8 +170,8 @@ class EngineLoop:
                     next_tick = clock.now() + tick
                 if changed:
                     self._publish_step()
-            if changed:  # the batch's wake carried the state: the controller pays for it
-                cpu = self.counters.publish_cpu_s + self.sink.flush_cpu_s
+            if self.sink.state_wake_cpu_s:  # a wake that only states needed: the controller's
+                cpu = self.counters.publish_cpu_s + self.sink.state_wake_cpu_s
                 self.counters = replace(self.counters, publish_cpu_s=cpu)
 
     def _at_rest(self, dirty: bool) -> bool:
@@ -228,7 +238,7 @@ class EngineLoop:
                 s.lease_inventory(inv)
                 # Against the last published state (a stalled step may have expired a
                 # lease unpublished); inside the command, so its CPU counts with it.
-                return s.lease_mark() != self.mark
+                return s.lease_mark() != self.last.mark
             case cmd.Cancel(cid):
                 return s.lease_cancel(cid)
             case cmd.Tick():
@@ -320,16 +330,27 @@ class EngineLoop:
     def _publish_step(self) -> None:
         """Publish after a loop iteration that changed something, counting its CPU: the
         states the sender reads are the controller's work too (spec 3.4), not only the
-        commands (a ``State`` barrier's publication counts as its command's)."""
+        commands (a ``State`` barrier's publication counts as its command's).
+
+        Skipped while the state would equal the last one but for its time (equal
+        marks) and that one is younger than a tick: most decode steps move no block,
+        lease, budget or load (55 % of LADS adaptive's post-step states on
+        captured-scaled, 37 % of FIFO's, counted at stop 49). The age bound keeps
+        every state the sender holds at most a tick old, as the tick alone did.
+        """
         t0 = time.thread_time()
-        self._publish()
+        young = clock.now() - self.last.time < self.tick_s
+        if young and self.sched.lease_mark() == self.last.mark:
+            self.activity.unchanged += 1
+        else:
+            self._publish()
         cpu = self.counters.publish_cpu_s + time.thread_time() - t0
         self.counters = replace(self.counters, publish_cpu_s=cpu)
 
     def _publish(self) -> EngineState:
         """Publish a fresh state (in engine order, with the counters)."""
         state = self.sched.lease_state()
-        self.mark = self.sched.lease_mark()  # what this state shows (see _drain)
+        self.last = Publication(self.sched.lease_mark(), state.time)  # see _drain, _publish_step
         self.activity.published += 1
         self.sink.put(Published(state, self.counters))
         return state

@@ -114,7 +114,9 @@ class Sink:
         self._loop = loop
         self._on_record = on_record
         self._held: list[Record] | None = None  # a batch is open
-        self.flush_cpu_s = 0.0  # this thread's CPU handing the last batch over (its wake)
+        # This thread's CPU waking the loop for the last batch when it held only states:
+        # a wake the controller alone needed (the step's outputs need theirs anyway).
+        self.state_wake_cpu_s = 0.0
 
     def put(self, record: Record) -> None:
         if self._held is not None:
@@ -137,7 +139,8 @@ class Sink:
                 self._send(self._on_record, held[0])
             elif held:
                 self._send(self._take, held)
-            self.flush_cpu_s = time.thread_time() - t0
+            states = bool(held) and all(isinstance(r, Published) for r in held)
+            self.state_wake_cpu_s = time.thread_time() - t0 if states else 0.0
 
     def _take(self, records: list[Record]) -> None:
         """Each record of a batch, as its own callback would be: one that raises is

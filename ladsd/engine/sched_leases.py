@@ -131,10 +131,13 @@ class LeaseMixin:
         grants at a first listing, a refill after a release (LeaseBook.inventory)."""
         self.lease_book.inventory(inv)
 
-    def lease_mark(self) -> tuple[int, ...]:
-        """What a published state shows of the leases, but its time: equal marks, equal
-        states (:meth:`~ladsd.engine.lease_book.LeaseBook.mark`)."""
-        return self.lease_book.mark()
+    def lease_mark(self) -> tuple[float, ...]:
+        """What a published state shows, but its time: equal marks, equal states. The
+        book's (:meth:`~ladsd.engine.lease_book.LeaseBook.mark`), then what
+        :meth:`lease_state` adds: the load ``w, a, m`` and the scheduler's counters."""
+        hooks = tuple(self._lease_hooks.counters().values())
+        stamps = (self.preemptions, self.stalled_steps)
+        return self.lease_book.mark() + self._lease_load() + stamps + hooks
 
     def lease_bind(self, cid: ContinuationId, request_id: str) -> None:
         """``cid`` was registered as engine request ``request_id`` (handoff target)."""

@@ -38,6 +38,7 @@ class Activity:
     loops: int = 0  # iterations of the engine loop
     ticks: int = 0  # lease ticks run
     published: int = 0  # engine states published
+    unchanged: int = 0  # states not published after a step: the last one's but for time
     steps: int = 0  # engine steps that did something
     kappa_steps: int = 0  # engine steps run to measure kappa (0: not measured)
     kappa_from: str = ""  # "measured", "cache" or "config" (the lease config's kappa_s)

@@ -228,3 +228,59 @@ async def test_a_query_that_replies_at_once_counts_its_cpu(model_ready):
         await eng.sizes()
         assert eng.activity.ticks == ticks  # nothing else ran on the engine thread
         assert eng.command_cpu_s > before
+
+
+def test_a_batch_charges_its_wake_to_the_states_only_when_they_alone_needed_it(monkeypatch):
+    """``state_wake_cpu_s``: the CPU of a batch's wake when it held only states (the
+    controller's alone); 0 when it also carried a step's outputs, which need the wake
+    anyway, and 0 for an empty batch (no wake)."""
+    from ladsd.engine import outbound
+    from ladsd.engine.outbound import Counters, Output, Published, Sink
+    from tests.rigs.policy import engine_state
+
+    loop = asyncio.new_event_loop()
+    try:
+        ticks = iter(range(100))
+        monkeypatch.setattr(outbound.time, "thread_time", lambda: float(next(ticks)))
+        sink = Sink(loop, lambda r: None)
+        state = Published(engine_state(0.0), Counters())
+        with sink.batch():
+            sink.put(state)
+        assert sink.state_wake_cpu_s == 1.0  # one fake CPU second between the reads
+        with sink.batch():
+            sink.put(Output("a", None))
+            sink.put(state)
+        assert sink.state_wake_cpu_s == 0.0
+        with sink.batch():
+            pass
+        assert sink.state_wake_cpu_s == 0.0
+    finally:
+        loop.close()
+
+
+@pytest.mark.engine
+async def test_a_step_that_changes_nothing_a_state_shows_publishes_none(model_ready):
+    """Decode steps that move no block, lease, budget or load would publish the last
+    state again but for its time: the loop skips them (``activity.unchanged``) while
+    that state is younger than a tick, and every state it does publish differs from
+    the one before it in what it shows, or is a tick or more younger."""
+    from ladsd.engine.thread import EngineThread, Upkeep
+
+    lease = replace(SMOKE.lease, kappa_s=0.05, tick_s=5.0)  # no kappa run; few ticks
+    async with EngineThread(SMOKE.engine, lease, upkeep=Upkeep(quiet_idle=True)) as eng:
+        got: list[EngineState] = []
+        eng.subscribe(got.append)
+        await eng.complete([100 + k for k in range(40)], forced(24))
+        await eng.state()
+        act = eng.activity
+        assert act.steps >= 24 and act.unchanged >= 1, act
+        assert act.published + act.unchanged >= act.steps  # a step publishes or is skipped
+    def shows(st: EngineState) -> tuple:
+        counters = {k: v for k, v in st.counters.items() if not k.endswith("_block_seconds")}
+        return replace(st, time=0.0, seq=0, events=()), sorted(counters.items()), st.events
+
+    published = got[:-1]  # the last is the State barrier's: published whatever it shows
+    assert len(published) >= 2
+    for prev, cur in zip(published, published[1:], strict=False):
+        if shows(prev) == shows(cur):
+            assert cur.time - prev.time >= lease.tick_s, (prev, cur)

@@ -905,6 +905,35 @@ def test_equal_marks_give_equal_states() -> None:
     assert same >= 3 and moved >= 4  # both kinds happened
 
 
+def test_the_mark_moves_with_the_load_and_stays_through_a_decode_inside_a_block() -> None:
+    """The engine loop also skips a step's publication when the mark stayed (and the last
+    state is younger than a tick), so the mark must cover what a step changes in a
+    state: the load (``w``, ``a``) and the free blocks. On vLLM's real scheduler: a
+    request added (``w``), admitted (``a``, ``F``), decoding inside its last block (the
+    mark stays and the states are equal but for time), and finished."""
+    r = rig()
+    before, m0 = r.s.lease_state(), r.s.lease_mark()
+    req = r.add(toks(1, 2) + [7], max_tokens=2 * BS)  # one token into its third block
+    after = r.s.lease_state()
+    assert r.s.lease_mark() != m0  # waiting only: no block, lease or counter moved
+    assert (after.w, after.F) == (before.w + 1, before.F) and bare(after) != bare(before)
+    kinds = {"same": 0, "moved": 0}
+    before, m0 = r.s.lease_state(), r.s.lease_mark()
+    while not req.is_finished():
+        r.step()
+        after, m1 = r.s.lease_state(), r.s.lease_mark()
+        moved = (after.w, after.a, after.F) != (before.w, before.a, before.F)
+        if m0 == m1:
+            kinds["same"] += 1
+            assert bare(after) == bare(before) and not moved
+            assert bare(after).counters == bare(before).counters
+        else:
+            kinds["moved"] += 1
+        before, m0 = after, m1
+    assert kinds["same"] >= BS // 2 and kinds["moved"] >= 2  # decode steps, and the rest
+    assert r.s.lease_state().a == 0
+
+
 def test_a_cancellation_in_an_inventory_refills() -> None:
     """A plain inventory does not replenish, but one that cancels a leased result
     releases its blocks, and the release refills (spec 3.2): B, refused for headroom
