@@ -20,7 +20,7 @@ FOLDER = ROOT / "bench/results/issue23-ctrl48"
 def rows(lines: list[str]) -> list[dict[str, str]]:
     table = [[c.strip() for c in x.strip("| ").split(" | ")] for x in lines if x.startswith("| ")]
     head = table[0]
-    return [dict(zip(head, r, strict=True)) for r in table[2:]]
+    return [dict(zip(head, r, strict=True)) for r in table[1:]]  # '|---' is not listed
 
 
 def test_the_pack_gives_every_variant_and_its_commit() -> None:
@@ -48,3 +48,16 @@ def test_a_repeat_listed_twice_is_refused(tmp_path: Path) -> None:
     r2.write_text(json.dumps(doc))
     with pytest.raises(SystemExit, match="not 1..n once each"):
         ab.load(tmp_path)
+
+
+def test_the_stop_49_pack_gives_the_readmes_figures() -> None:
+    """bench/results/issue23-ctrl49: the published-state rule against main before it, on
+    one AMD EPYC; the figures its README quotes come from the run files."""
+    ab = bench_script("commit_ab")
+    got = rows(ab.report(ROOT / "bench/results/issue23-ctrl49", "lads-adaptive"))
+    by = {(r["workload"], r["seed"], r["variant"]): r for r in got}
+    assert len(by) == 8 and {r["commit"] for r in got} == {"addffcc", "354a127"}
+    assert by[("web", "16", "cand")]["ratio"] == "1.30x"
+    assert by[("cs", "16", "base")]["ratio"] == "1.61x"
+    published = {v: by[("c8", "18", v)]["parts policy"].split(" / ")[2] for v in ("base", "cand")}
+    assert published == {"base": "0.305", "cand": "0.149"}
