@@ -5,10 +5,11 @@ Reads ``ladsd compare`` folders named ``VARIANT-WORKLOAD-sSEED`` (in ``FOLDER``,
 twice a seed at one given dilation. Per workload, seed and variant it prints FIFO's and
 the policy's mean workflow latency (the mean of the two repeats), the policy's
 reduction against FIFO, the A/A pair spreads (|repeat 2 / repeat 1 - 1|, FIFO / the
-policy), ctrl CPU per run (FIFO's and the policy's means, their ratio) and its three
-parts (decide / commands / published states; ``-`` where a run file predates the
-part), the policy's grants and cached prompt tokens, and the commit each variant's run
-files name. Measures nothing; ``--md`` writes what it prints.
+policy), ctrl CPU per run (FIFO's and the policy's means, their ratio) and its four
+parts (decide / commands / published states / lease work in ``schedule()``; ``-``
+where a run file predates the part), the policy's grants and cached prompt tokens,
+and the commit each variant's run files name. Measures nothing; ``--md`` writes what
+it prints.
 
     .venv/bin/python bench/commit_ab.py bench/results/issue23-ctrl48
 """
@@ -60,7 +61,8 @@ def spread(rs: list[RunRecord]) -> str:
 
 
 def parts(rs: list[RunRecord]) -> str:
-    """decide / commands / states, each the mean over ``rs`` (``-``: a run lacks it)."""
+    """decide / commands / states / schedule, each the mean over ``rs`` (``-``: a run
+    lacks it)."""
     means = (mean_or_none([r.counters.get(k) for r in rs]) for k in PARTS)
     return " / ".join("-" if m is None else f"{m:.3f}" for m in means)
 

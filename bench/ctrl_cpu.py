@@ -3,10 +3,12 @@
 ``ctrl CPU s`` (``controller_cpu_s`` of a run file) is the sender's CPU time
 inside ``policy.choose`` and the policy's hooks (``decision_cpu_s``), plus the
 engine thread's CPU in lease commands, queries and ticks (``command_cpu_s``),
-plus its CPU building the states it publishes after steps (``publish_cpu_s``;
-``Runtime.controller_cpu``). Run files written before the third part was
-counted have no ``publish_cpu_s`` (and hooks outside ``decision_cpu_s``): they
-print ``publish -``, and their ``ctrl CPU s`` is the first two parts only.
+plus its CPU building the states it publishes after steps (``publish_cpu_s``),
+plus its CPU in the lease work inside vLLM's ``schedule()`` (expiry, refill,
+handoff, the session order; ``schedule_cpu_s``; ``Runtime.controller_cpu``).
+Run files written before a part was counted lack it and print ``-`` for it:
+before the third, ``ctrl CPU s`` is the first two parts only (and hooks sat
+outside ``decision_cpu_s``); before the fourth, the first three.
 Each run is one ``ladsd replay`` process, as the tables' runs are. Repeat ``r``
 runs the policies rotated by ``r - 1`` (rotation); a policy's repeats are its
 A/A pair. One dilation for the pass: the first run measures it, every later run
@@ -48,13 +50,15 @@ from rerender import Subset, runs_of  # noqa: E402
 from ladsd.metrics.summary import repeat_of  # noqa: E402
 
 POLICIES = ("fifo", "lads", "lads-adaptive")  # FIFO first: the others' ratios are to it
-PARTS = ("decision_cpu_s", "command_cpu_s", "publish_cpu_s")  # ctrl CPU s = their sum
+# ctrl CPU s = their sum (of those a run file has).
+PARTS = ("decision_cpu_s", "command_cpu_s", "publish_cpu_s", "schedule_cpu_s")
 # Decision counters kept per run: the same choices show as the same counts.
 COUNTERS = (
     "controller_cpu_s",
     "decision_cpu_s",  # its sender part (policy.choose)
     "command_cpu_s",  # its engine-thread part (lease commands, queries, ticks)
     "publish_cpu_s",  # its engine-thread part in the states published after steps
+    "schedule_cpu_s",  # its engine-thread part inside vLLM's schedule()
     "evaluations",
     "grants",
     "denials",
@@ -134,10 +138,10 @@ def mean_or_none(xs: list[float | None]) -> float | None:
 
 
 def parts(part: dict[str, Any]) -> str:
-    """``decide D, engine E, publish P`` (``-`` for a part the run files lack)."""
+    """``decide D, engine E, publish P, schedule S`` (``-``: a part the run files lack)."""
     return ", ".join(
         f"{name} {'-' if part[k] is None else format(part[k], '.3f')}"
-        for name, k in zip(("decide", "engine", "publish"), PARTS, strict=True)
+        for name, k in zip(("decide", "engine", "publish", "schedule"), PARTS, strict=True)
     )
 
 
@@ -151,7 +155,8 @@ def row(policy: str, repeat: int, rec: dict) -> dict[str, Any]:
         "kappa_s": meta.get("kappa_s"),
         "wall_s": rec["wall_s"],
         **{k: c.get(k, 0) for k in COUNTERS},
-        "publish_cpu_s": c.get("publish_cpu_s"),  # None: a run file before it was counted
+        # None: a run file written before the part was counted.
+        **{k: c.get(k) for k in ("publish_cpu_s", "schedule_cpu_s")},
     }
 
 

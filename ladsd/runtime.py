@@ -380,8 +380,9 @@ class Runtime:
         link = self.sender.stats().get("control_bytes", 0)
         return int(link + self.state_bytes + self.engine.inventory_bytes)
 
-    def controller_cpu(self) -> tuple[float, float, float]:
-        """The controller's CPU in three parts: the sender's in the policy (``choose`` and
-        its hooks), the engine thread's in lease commands, and in the published states."""
+    def controller_cpu(self) -> tuple[float, float, float, float]:
+        """The controller's CPU in four parts: the sender's in the policy (``choose`` and
+        its hooks), the engine thread's in lease commands, in the published states, and
+        in the lease work inside vLLM's ``schedule()``."""
         eng = self.engine
-        return self.sender.decision_s, eng.command_cpu_s, eng.publish_cpu_s
+        return self.sender.decision_s, eng.command_cpu_s, eng.publish_cpu_s, eng.schedule_cpu_s

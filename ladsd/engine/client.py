@@ -135,6 +135,11 @@ class EngineClient:
         return self.counters.publish_cpu_s
 
     @property
+    def schedule_cpu_s(self) -> float:
+        """Engine-thread CPU of the lease book and hooks inside vLLM's ``schedule()``."""
+        return self.counters.schedule_cpu_s
+
+    @property
     def inventory_bytes(self) -> int:
         """Bytes of the inventories that crossed (as of the newest record)."""
         return self.counters.inventory_bytes

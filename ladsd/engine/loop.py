@@ -286,6 +286,9 @@ class EngineLoop:
             outs = self.built.engine.step()
         except Exception as e:
             raise EngineDead(f"engine step failed: {e!r}") from e
+        cpu = self.sched.lease_schedule_cpu_s  # the lease work inside schedule()
+        if cpu != self.counters.schedule_cpu_s:
+            self.counters = replace(self.counters, schedule_cpu_s=cpu)
         if not outs and self.sched.last_scheduled_tokens == 0:
             return False
         self.activity.steps += 1

@@ -46,6 +46,7 @@ class Counters:
     command_cpu_s: float = 0.0  # engine-thread CPU in lease commands, queries and ticks
     inventory_bytes: int = 0  # inventories that crossed (after coalescing)
     publish_cpu_s: float = 0.0  # engine-thread CPU building the states published after steps
+    schedule_cpu_s: float = 0.0  # engine-thread CPU of the lease work inside vLLM's schedule()
 
 
 @dataclass(frozen=True)

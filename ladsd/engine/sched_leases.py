@@ -9,7 +9,9 @@
   (no lease pool, no hashing, no hooks beyond a ``None`` check).
 * ``schedule()``: expiry and revocation at entry (before vLLM allocates), then
   vLLM's schedule, then handoff of bound continuations with positive scheduled
-  tokens whose block table natively covers their lease.
+  tokens whose block table natively covers their lease. The CPU of the lease
+  work and the hooks around vLLM's own schedule is summed in
+  ``lease_schedule_cpu_s`` (part of ``ctrl CPU s``; vLLM's part is not).
 * ``reset_prefix_cache()`` drops every lease first when nothing else holds a
   block (a held lease would make vLLM's reset fail); while requests hold
   blocks vLLM refuses the reset anyway and the leases stay.
@@ -25,6 +27,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -64,6 +67,9 @@ class LeaseMixin:
     _lease_book: LeaseBook | None = None
     _lease_seq = 0
     _lease_hooks: SchedHooks = NO_HOOKS  # the engine policy's (set up after the book)
+    # Engine-thread CPU of the book and the hooks inside schedule() (expiry, refill,
+    # handoff, the session order, an engine policy's order): the controller's too.
+    lease_schedule_cpu_s = 0.0
 
     # vLLM attributes this mixin relies on (provided by Scheduler).
     kv_cache_manager: Any
@@ -204,11 +210,15 @@ class LeaseMixin:
         if book is None:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
         hooks = self._lease_hooks
+        t0 = time.thread_time()
         hooks.before_step()
         book.before_schedule()
+        t1 = time.thread_time()
         out = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        t2 = time.thread_time()
         book.after_schedule(out.num_scheduled_tokens)
         hooks.after_step(out)
+        self.lease_schedule_cpu_s += t1 - t0 + time.thread_time() - t2
         return out
 
     def add_request(self, request: Request) -> None:

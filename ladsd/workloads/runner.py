@@ -271,12 +271,14 @@ def _counters(
     out.update({k: pol[k] for k in ("progress", "stood_down") if k in pol})
     link = rt.sender.stats()
     out["control_bytes"] = rt.control_bytes()
-    # ctrl CPU s and its three parts (extra counters: the tables show only the sum).
-    decide, command, publish = (b - a for a, b in zip(cpu0, rt.controller_cpu(), strict=True))
-    out["controller_cpu_s"] = decide + command + publish
+    # ctrl CPU s and its four parts (extra counters: the tables show only the sum).
+    parts = [b - a for a, b in zip(cpu0, rt.controller_cpu(), strict=True)]
+    out["controller_cpu_s"] = sum(parts)
+    decide, command, publish, schedule = parts
     out["decision_cpu_s"] = decide
     out["command_cpu_s"] = command
     out["publish_cpu_s"] = publish
+    out["schedule_cpu_s"] = schedule
     out["link_frames"] = link.get("frames", 0)
     out["link_resends"] = link.get("resends", 0)
     out["cached_prompt_tokens"] = sum(c.cached_tokens for f in flows for c in f.calls)

@@ -161,10 +161,12 @@ def test_replay_run_file_records_dtype_and_cpu(tmp_path: Path, model_ready) -> N
     assert rec.meta["cpu_model"] == info.model and rec.meta["cpu_flags"] == info.notable()
     assert rec.meta["bf16_native"] is info.native_bf16
     assert sum(c.output_tokens for w in rec.workflows for c in w.calls) > 0
-    c = rec.counters  # ctrl CPU s and its parts (sender; engine thread: commands, states)
-    parts = ("decision_cpu_s", "command_cpu_s", "publish_cpu_s")
+    # ctrl CPU s and its parts (sender; engine thread: commands, states, inside schedule())
+    c = rec.counters
+    parts = ("decision_cpu_s", "command_cpu_s", "publish_cpu_s", "schedule_cpu_s")
     assert c["controller_cpu_s"] == pytest.approx(sum(c[k] for k in parts))
     assert c["decision_cpu_s"] >= 0 and c["command_cpu_s"] > 0 and c["publish_cpu_s"] > 0
+    assert c["schedule_cpu_s"] > 0  # FIFO too runs the book's expiry and handoff checks
 
 
 def test_run_files_with_and_without_the_cpu_keys_render(tmp_path: Path) -> None:

@@ -7,14 +7,22 @@ queue with no references; ``p`` comes from completed workflows only.
 from __future__ import annotations
 
 import math
+import random
+from types import SimpleNamespace
 
 import pytest
+from vllm.v1.core.kv_cache_utils import (
+    BlockHash,
+    KVCacheBlock,
+    make_block_hash_with_group_id,
+)
 
 from ladsd import testing
 from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
 from ladsd.continuation import ContinuationEstimate
-from ladsd.engine.lease_sessions import retention_priority
+from ladsd.engine import sched_leases
+from ladsd.engine.lease_sessions import Sessions, WaitingSession, retention_priority
 from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.modes import Retention
 from ladsd.records import ContinuationId
@@ -135,3 +143,69 @@ def test_continuation_probability_from_completed_workflows_only() -> None:
     assert retention_priority(1.0, 400.0) == pytest.approx(math.exp(-1))
     with pytest.raises(ValueError):
         retention_priority(1.5, 0.0)
+
+
+def sorted_order(sessions: Sessions, now: float) -> list[KVCacheBlock]:
+    """The order as first written: every free block keyed by ``(r, cid, -end)``, a shared
+    block by its highest-r session (the last writer), then one sort."""
+    keyed: dict[int, tuple[tuple[float, ContinuationId, int], KVCacheBlock]] = {}
+    for s in sorted(sessions.entries.values(), key=lambda s: (s.r(now), s.cid)):
+        for b, end in s.valid():
+            if b.ref_cnt == 0:
+                keyed[b.block_id] = ((s.r(now), s.cid, -end), b)
+    return [b for _, b in sorted(keyed.values(), key=lambda e: e[0])]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_linear_order_is_the_sorted_one(seed: int) -> None:
+    """Random sessions over shared prefixes of one KV group (forks of a few roots, some
+    blocks referenced, some hashes changed since the notice, ties in r): the same
+    blocks in the same order as the one sort over every block."""
+    rng = random.Random(seed)
+    pool = [KVCacheBlock(i) for i in range(200)]
+    for b in pool:
+        b.set_block_hash(make_block_hash_with_group_id(BlockHash(b"h%d" % b.block_id), 0))
+    roots = [rng.sample(pool, 12) for _ in range(3)]
+    sessions = Sessions(None, [BS])  # type: ignore[arg-type]  # order() reads entries only
+    for w in range(rng.randint(1, 12)):
+        shared = rng.choice(roots)[: rng.randint(0, 12)]
+        blocks = shared + rng.sample(pool, rng.randint(0, 8))
+        blocks = list({b.block_id: b for b in blocks}.values())  # a history holds a block once
+        hashes = [b.block_hash for b in blocks]
+        if blocks and rng.random() < 0.3:  # a block re-hashed since the notice
+            hashes[rng.randrange(len(blocks))] = make_block_hash_with_group_id(BlockHash(b"x"), 0)
+        spans = [(k * BS, (k + 1) * BS) for k in range(len(blocks))]
+        cid = ContinuationId(f"w{w}", 1)
+        p = rng.choice((0.2, 0.5, 0.5, 0.9))  # repeats: ties in r broken by cid
+        ended = rng.choice((900.0, 1000.0, 1000.0))
+        sessions.entries[cid.workflow] = WaitingSession(cid, p, ended, blocks, hashes, spans)
+    for b in rng.sample(pool, 40):
+        b.ref_cnt = 1  # referenced (a lease or a running request): not in the order
+    got = sessions.order(1200.0)
+    assert ids(got) == ids(sorted_order(sessions, 1200.0))
+    assert len(set(ids(got))) == len(got) and all(b.ref_cnt == 0 for b in got)
+
+
+def test_the_lease_work_around_vllms_schedule_is_counted_and_vllms_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ctrl CPU s's fourth part: ``LeaseMixin.schedule`` reads the thread's CPU clock
+    around the book and the hooks (entry: expiry, refill, the session order; exit:
+    handoff), not across vLLM's own schedule. A fake clock gives each of the four reads
+    of a call its own jump, the widest across vLLM's part."""
+    r = session_rig()
+    r.run(toks(1, 4))
+    r.notice(A, toks(1, 4), continuation_p=0.9)
+    jumps = iter([1.0, 2.0, 100.0, 4.0] * 1000)  # before entry, entry, vLLM's, exit
+    reads: list[float] = []
+
+    def thread_time() -> float:
+        reads.append((reads[-1] if reads else 0.0) + next(jumps))
+        return reads[-1]
+
+    monkeypatch.setattr(sched_leases, "time", SimpleNamespace(thread_time=thread_time))
+    before = r.s.lease_schedule_cpu_s
+    for _ in range(3):
+        r.step()
+    assert len(reads) == 12  # four reads a schedule() call
+    assert r.s.lease_schedule_cpu_s - before == pytest.approx(3 * (2.0 + 4.0))
