@@ -30,8 +30,8 @@ Contract (mini-sglang style; peers.md section 2):
   vLLM allocates (every eviction happens inside ``schedule()``), and only if a
   session entered or left or a block was freed since the last reorder (frees
   join the tail of the queue, behind the sessions). Frees inside a step
-  (preemption) join the tail until the next step. Cost: O(S log S) for the S
-  free session blocks, on such steps only.
+  (preemption) join the tail until the next step. Cost: O(S) for the S
+  session blocks (plus ranking the sessions), on such steps only.
 * Callers: only :class:`~ladsd.engine.lease_book.LeaseBook`, on the engine
   thread; nothing locks. Memory: bounded by the live workflows.
 * Retention ``SESSION`` (hear-session) and ``LADS_SESSION`` (lads-adaptive, ours):
@@ -165,15 +165,24 @@ class Sessions:
     # -- the order -------------------------------------------------------------
 
     def order(self, now: float) -> list[KVCacheBlock]:
-        """The free session blocks in eviction order (front first; see the contract)."""
-        keyed: dict[int, tuple[tuple[float, ContinuationId, int], KVCacheBlock]] = {}
+        """The free session blocks in eviction order (front first; see the contract).
+
+        O(S) beyond ranking the sessions: a shared block's owner is found first, then
+        each session emits the free blocks it owns, tail first. (Sorting every block by
+        ``(r, cid, -end)`` gave the same order for one KV group but compared a
+        ``ContinuationId`` per block pair: most of lads-adaptive's schedule-side CPU.)
+        """
         ranked = sorted(self.entries.values(), key=lambda s: (s.r(now), s.cid))
-        for s in ranked:  # a shared block ends with the highest r (the last writer)
-            r = s.r(now)
-            for b, end in s.valid():
-                if b.ref_cnt == 0:
-                    keyed[b.block_id] = ((r, s.cid, -end), b)
-        return [b for _, b in sorted(keyed.values(), key=lambda e: e[0])]
+        valid = [s.valid() for s in ranked]
+        owner: dict[int, int] = {}
+        for i, blocks in enumerate(valid):  # a shared block goes with the highest r (last)
+            for b, _ in blocks:
+                owner[b.block_id] = i
+        out: list[KVCacheBlock] = []
+        for i, blocks in enumerate(valid):
+            tail_first = sorted(blocks, key=lambda e: -e[1])  # stable: prefix order per group
+            out.extend(b for b, _ in tail_first if b.ref_cnt == 0 and owner[b.block_id] == i)
+        return out
 
     def reorder(self, now: float) -> bool:
         """Move the free session blocks behind every other free block, in order.
