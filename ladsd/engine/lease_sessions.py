@@ -31,7 +31,13 @@ Contract (mini-sglang style; peers.md section 2):
   session entered or left or a block was freed since the last reorder (frees
   join the tail of the queue, behind the sessions). Frees inside a step
   (preemption) join the tail until the next step. Cost: O(S) for the S
-  session blocks (plus ranking the sessions), on such steps only.
+  session blocks (plus ranking the sessions), on such steps only, unless the
+  *splice* applies: no session entered or left and none of their blocks was
+  freed or lost its hash since the last reorder (``LeaseBlockPool.watched``),
+  so the blocks it placed are still in order (vLLM only removes from the
+  middle of the queue) and every block behind the last of them was freed since
+  and belongs to no session; that run of blocks moves in front of the first,
+  O(1). Removed, evicted or re-freed ends fall back to the full order.
 * Callers: only :class:`~ladsd.engine.lease_book.LeaseBook`, on the engine
   thread; nothing locks. Memory: bounded by the live workflows.
 * Retention ``SESSION`` (hear-session) and ``LADS_SESSION`` (lads-adaptive, ours):
@@ -100,6 +106,9 @@ class Sessions:
         self.by_req: dict[str, str] = {}  # request id -> workflow
         self.version = 0  # bumps when a session enters or leaves
         self._seen: tuple[int, int] = (-1, -1)  # (version, free epoch) at the last reorder
+        self._ends: tuple[KVCacheBlock, KVCacheBlock] | None = None  # first, last placed
+        self.splices = 0  # reorders done by the splice
+        self.computed = 0  # reorders that computed the order
 
     def enter(
         self,
@@ -190,15 +199,45 @@ class Sessions:
         Runs only if a session entered or left, or a block was freed, since the
         last reorder; True if it ran.
         """
-        seen = (self.version, self.pool.free_epoch)
+        pool = self.pool
+        seen = (self.version, pool.free_epoch)
         if seen == self._seen:
             return False
+        if seen[0] == self._seen[0] and not pool.watched_moved and self._splice():
+            self.splices += 1
+            self._seen = seen
+            return True
+        self.computed += 1
         blocks = self.order(now)
-        q = self.pool.free_block_queue
+        q = pool.free_block_queue
         for b in blocks:
             q.remove(b)
         q.append_n(blocks)
+        pool.watched = {b.block_id for s in self.entries.values() for b in s.blocks}
+        pool.watched_moved = False
+        self._ends = (blocks[0], blocks[-1]) if blocks else None
         self._seen = seen
+        return True
+
+    def _splice(self) -> bool:
+        """Move the blocks freed behind the placed ones in front of them; False if the
+        placed run's first or last block left the queue (compute the order then)."""
+        if self._ends is None:
+            return False
+        first, last = self._ends
+        # In the queue iff linked (vLLM unlinks a block it removes or pops).
+        if first.prev_free_block is None or last.next_free_block is None:
+            return False
+        tail = self.pool.free_block_queue.fake_free_list_tail
+        new_first = last.next_free_block
+        if new_first is tail:
+            return True  # nothing behind the placed run
+        new_last = tail.prev_free_block
+        assert new_last is not None
+        before = first.prev_free_block
+        last.next_free_block, tail.prev_free_block = tail, last  # cut the freed run off
+        before.next_free_block, new_first.prev_free_block = new_first, before
+        new_last.next_free_block, first.prev_free_block = first, new_last
         return True
 
     # -- integrity ---------------------------------------------------------------

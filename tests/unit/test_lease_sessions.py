@@ -209,3 +209,56 @@ def test_the_lease_work_around_vllms_schedule_is_counted_and_vllms_is_not(
         r.step()
     assert len(reads) == 12  # four reads a schedule() call
     assert r.s.lease_schedule_cpu_s - before == pytest.approx(3 * (2.0 + 4.0))
+
+
+def check_queue(r: Rig) -> None:
+    """After a reorder (as the next ``schedule()`` entry does it; frees inside a step
+    wait behind the sessions till then) the free queue is every free block no session
+    orders (in its order), then the session order: what a full reorder gives, whichever
+    way this one went."""
+    r.book.sessions.reorder(r.clk())
+    order = ids(r.book.sessions.order(r.clk()))
+    queue = ids(r.pool.free_block_queue.get_all_free_blocks())
+    placed = set(order)
+    assert queue == [b for b in queue if b not in placed] + order
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_splice_leaves_the_queue_as_the_full_order_would(seed: int) -> None:
+    """Waiting sessions over a shared head while foreign requests come and go (freeing
+    blocks behind the sessions, evicting, sharing a session's head, a resumed session
+    leaving): after every step the queue is the contract's order, and most reorders
+    were splices."""
+    rng = random.Random(seed)
+    r = session_rig(num_blocks=96)
+    head = toks(50, 2)
+    hist = {w: head + toks(60 + k, rng.randint(2, 6)) for k, w in enumerate("abcd")}
+    for h in hist.values():
+        r.run(h)
+    cids = {w: ContinuationId(f"w{w}", 1) for w in hist}
+    for w, h in hist.items():
+        r.clk.t += rng.random()
+        r.notice(cids[w], h, continuation_p=rng.choice((0.3, 0.6, 0.9)))
+    r.step()
+    check_queue(r)
+    resumed = 0
+    for i in range(40):
+        r.clk.t += 0.5
+        kind = rng.random()
+        if kind < 0.6:  # a foreign request: its blocks are freed behind the sessions
+            r.add(toks(100 + i, rng.randint(1, 8)), max_tokens=rng.randint(1, 3))
+        elif kind < 0.8:  # one sharing the sessions' head: a session block freed again
+            r.add(head + toks(300 + i, 2))
+        elif resumed < 2:  # a session resumes: it leaves the order
+            w = "abcd"[resumed]
+            resumed += 1
+            req = r.add(cont(hist[w]))
+            r.s.lease_bind(cids[w], req.request_id)
+        for _ in range(rng.randint(1, 3)):
+            r.step()
+            check_queue(r)
+    r.until(lambda: not r.s.requests)
+    check_queue(r)
+    sessions = r.book.sessions
+    assert sessions.splices > 0 and sessions.computed > 1  # both ways ran
+    r.s.lease_release_all()
