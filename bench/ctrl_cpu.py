@@ -47,11 +47,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, result_head  # noqa: E402
 from rerender import Subset, runs_of  # noqa: E402
 
+from ladsd.metrics.events import CPU_PARTS  # noqa: E402
 from ladsd.metrics.summary import repeat_of  # noqa: E402
 
 POLICIES = ("fifo", "lads", "lads-adaptive")  # FIFO first: the others' ratios are to it
-# ctrl CPU s = their sum (of those a run file has).
-PARTS = ("decision_cpu_s", "command_cpu_s", "publish_cpu_s", "schedule_cpu_s")
+PARTS = CPU_PARTS  # ctrl CPU s = their sum (of those a run file has)
 # Decision counters kept per run: the same choices show as the same counts.
 COUNTERS = (
     "controller_cpu_s",
@@ -156,7 +156,7 @@ def row(policy: str, repeat: int, rec: dict) -> dict[str, Any]:
         "wall_s": rec["wall_s"],
         **{k: c.get(k, 0) for k in COUNTERS},
         # None: a run file written before the part was counted.
-        **{k: c.get(k) for k in ("publish_cpu_s", "schedule_cpu_s")},
+        **{k: c.get(k) for k in PARTS[2:]},
     }
 
 

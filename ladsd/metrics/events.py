@@ -39,6 +39,11 @@ COUNTERS: tuple[str, ...] = (
 )
 
 
+# ctrl CPU s's parts, in ``Runtime.controller_cpu``'s order; ``controller_cpu_s`` is
+# their sum. Extra counters: older run files lack the later ones.
+CPU_PARTS: tuple[str, ...] = ("decision_cpu_s", "command_cpu_s", "publish_cpu_s", "schedule_cpu_s")
+
+
 class RecordFormatError(ValueError):
     """A run file (or dict) that does not match the run-record format."""
 

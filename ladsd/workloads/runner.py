@@ -23,6 +23,7 @@ from ladsd.delivery.registry import PAPER, RunName
 from ladsd.engine import cpu
 from ladsd.engine.params import forced
 from ladsd.metrics.events import (
+    CPU_PARTS,
     CallRecord,
     LeaseSample,
     RunRecord,
@@ -252,9 +253,7 @@ def _shift(c: CallRecord, t0: float) -> CallRecord:
     return replace(c, stamps=c.stamps.shift(t0))
 
 
-def _counters(
-    rt: Runtime, audit: dict, flows: tuple, cpu0: tuple[float, float, float]
-) -> dict[str, float]:
+def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: tuple[float, ...]) -> dict[str, float]:
     out = new_counters()
     st = rt.state.counters if rt.state is not None else {}
     for k, v in st.items():
@@ -274,11 +273,7 @@ def _counters(
     # ctrl CPU s and its four parts (extra counters: the tables show only the sum).
     parts = [b - a for a, b in zip(cpu0, rt.controller_cpu(), strict=True)]
     out["controller_cpu_s"] = sum(parts)
-    decide, command, publish, schedule = parts
-    out["decision_cpu_s"] = decide
-    out["command_cpu_s"] = command
-    out["publish_cpu_s"] = publish
-    out["schedule_cpu_s"] = schedule
+    out.update(zip(CPU_PARTS, parts, strict=True))
     out["link_frames"] = link.get("frames", 0)
     out["link_resends"] = link.get("resends", 0)
     out["cached_prompt_tokens"] = sum(c.cached_tokens for f in flows for c in f.calls)
