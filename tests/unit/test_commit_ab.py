@@ -63,3 +63,17 @@ def test_the_stop_49_pack_gives_the_readmes_figures() -> None:
     assert by[("cs", "16", "base")]["ratio"] == "1.61x"
     published = {v: by[("c8", "18", v)]["parts policy"].split(" / ")[2] for v in ("base", "cand")}
     assert published == {"base": "0.305", "cand": "0.149"}
+
+
+def test_the_stop_50_pack_counts_the_schedule_part() -> None:
+    """bench/results/issue23-ctrl50: every run counts the fourth part, and the figures
+    its README quotes come from the run files."""
+    ab = bench_script("commit_ab")
+    got = rows(ab.report(ROOT / "bench/results/issue23-ctrl50", "lads-adaptive"))
+    by = {(r["workload"], r["seed"], r["variant"]): r for r in got}
+    assert {r["commit"] for r in got} == {"98a0a4f", "0ead622", "62483c0"}
+    assert all("-" not in r["parts policy"].split(" / ") for r in got)
+    assert by[("cs", "16", "count")]["ratio"] == "2.46x"
+    assert by[("web", "16", "count")]["ratio"] == "1.82x"
+    schedule = {v: by[("cs", "16", v)]["parts policy"].split(" / ")[3] for v in ("count", "splice")}
+    assert schedule == {"count": "0.414", "splice": "0.335"}
