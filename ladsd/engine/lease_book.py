@@ -423,5 +423,9 @@ class LeaseBook:
         out["refs_held"] = float(held)
         out["pin_refs_added"] = float(self.pins.table.ledger.added)
         out["pin_refs_released"] = float(self.pins.table.ledger.released)
+        ses = self.sessions  # how the session order was kept (HEAR session, lads-adaptive)
+        out["session_order_computed"] = float(ses.computed)
+        out["session_order_spliced"] = float(ses.splices)
+        out["session_blocks_put_back"] = float(ses.put_back)
         self.ends.check_released(held)
         return out

@@ -28,10 +28,11 @@ Lock/unlock contract (spec 3, architecture.md "Lease operations"):
   returns to the free queue its time is kept in ``freed_at`` and
   ``free_epoch`` counts the frees; the order of the free queue is not touched
   here (the session order moves blocks with the queue's own remove/append).
-  ``watched`` (the session order's blocks) sets ``watched_moved`` when one of
-  them is freed or loses its hash, or the prefix cache is reset: only then must
-  the order be computed again (a set lookup per free or eviction, inside vLLM's
-  part of ``schedule()``).
+  ``watched`` (the session order's blocks): a free of one of them is kept in
+  ``watched_freed`` (the order puts it back in its place), a lost hash or a
+  prefix-cache reset sets ``watched_stripped``: only then must the order be
+  computed again (a set lookup per free or eviction, inside vLLM's part of
+  ``schedule()``).
 
 Without leases the pool behaves exactly like vLLM's (``scripts/vllm_compat.sh``
 runs vLLM's prefix-caching suite with it installed).
@@ -97,7 +98,8 @@ class LeaseBlockPool(BlockPool):
         self.freed_at: dict[int, float] = {}  # block id -> when it last became free
         self._free_clock: Callable[[], float] | None = None
         self.watched: set[int] = set()  # block ids of the waiting sessions' prefixes
-        self.watched_moved = False  # one was freed or lost its hash since it was cleared
+        self.watched_freed: list[KVCacheBlock] = []  # freed since the session order took it
+        self.watched_stripped = False  # one lost its hash since it was cleared
 
     # -- lease and pin references ----------------------------------------------
 
@@ -154,7 +156,7 @@ class LeaseBlockPool(BlockPool):
         if removed:
             self.hash_epoch += 1
             if block.block_id in self.watched:
-                self.watched_moved = True
+                self.watched_stripped = True
             self.stripped_at[block.block_id] = self.hash_epoch
             for led in self.ledgers.values():
                 if block.block_id in led.refs:
@@ -165,7 +167,7 @@ class LeaseBlockPool(BlockPool):
         ok = super().reset_prefix_cache()
         if ok:  # every hash is gone at once (not through _remove_cached_block_hashes)
             self.hash_epoch += 1
-            self.watched_moved = True
+            self.watched_stripped = True
         return ok
 
     def take_stripped(self, kind: LeaseKind = LeaseKind.LADS) -> set[int]:
@@ -193,7 +195,7 @@ class LeaseBlockPool(BlockPool):
             if b.ref_cnt == 0 and not b.is_null and (b.pool is None or b.pool is self):
                 self.freed_at[b.block_id] = t
                 if b.block_id in watched:
-                    self.watched_moved = True
+                    self.watched_freed.append(b)
         self.free_epoch += 1
 
 

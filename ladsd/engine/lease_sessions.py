@@ -32,12 +32,17 @@ Contract (mini-sglang style; peers.md section 2):
   join the tail of the queue, behind the sessions). Frees inside a step
   (preemption) join the tail until the next step. Cost: O(S) for the S
   session blocks (plus ranking the sessions), on such steps only, unless the
-  *splice* applies: no session entered or left and none of their blocks was
-  freed or lost its hash since the last reorder (``LeaseBlockPool.watched``),
-  so the blocks it placed are still in order (vLLM only removes from the
-  middle of the queue) and every block behind the last of them was freed since
-  and belongs to no session; that run of blocks moves in front of the first,
-  O(1). Removed, evicted or re-freed ends fall back to the full order.
+  *splice* applies (:class:`Placed`): no session entered or left and none of
+  their blocks lost its hash since the order was computed
+  (``LeaseBlockPool.watched``), so every session block keeps its rank and the
+  blocks placed are still in order (vLLM only removes from the middle of the
+  queue). The session blocks freed since (``watched_freed``: a request that
+  shared a head ended) go back to their places before the next free block of
+  higher rank; every other block behind the placed run was freed since and
+  belongs to no session, and that run moves in front of the first placed
+  block, O(1). Cost: O(F) for F such frees, plus the referenced blocks skipped
+  to find each place and the run's ends (a hit or a re-free moves them
+  inwards). An eviction of a session block strips its hash: the full order.
 * Callers: only :class:`~ladsd.engine.lease_book.LeaseBook`, on the engine
   thread; nothing locks. Memory: bounded by the live workflows.
 * Retention ``SESSION`` (hear-session) and ``LADS_SESSION`` (lads-adaptive, ours):
@@ -51,7 +56,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
+from vllm.v1.core.kv_cache_utils import (
+    BlockHashWithGroupId,
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+)
 
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
 from ladsd.engine.lease_resident import Prefix
@@ -106,10 +115,11 @@ class Sessions:
         self.by_req: dict[str, str] = {}  # request id -> workflow
         self.version = 0  # bumps when a session enters or leaves
         self._seen: tuple[int, int] = (-1, -1)  # (version, free epoch) at the last reorder
-        self._ends: tuple[KVCacheBlock, KVCacheBlock] | None = None  # first, last placed
+        self._placed: Placed | None = None  # what the last full order placed
         self._watched_for = -1  # the version pool.watched was built for
         self.splices = 0  # reorders done by the splice
         self.computed = 0  # reorders that computed the order
+        self.put_back = 0  # session blocks a splice put back in their places
 
     def enter(
         self,
@@ -175,10 +185,14 @@ class Sessions:
     # -- the order -------------------------------------------------------------
 
     def order(self, now: float) -> list[KVCacheBlock]:
-        """The free session blocks in eviction order (front first; see the contract).
+        """The free session blocks in eviction order (front first; see the contract)."""
+        return [b for b in self.owned(now) if b.ref_cnt == 0]
+
+    def owned(self, now: float) -> list[KVCacheBlock]:
+        """Every block of the sessions' valid prefixes, free or not, in eviction order.
 
         O(S) beyond ranking the sessions: a shared block's owner is found first, then
-        each session emits the free blocks it owns, tail first. (Sorting every block by
+        each session emits the blocks it owns, tail first. (Sorting every block by
         ``(r, cid, -end)`` gave the same order for one KV group but compared a
         ``ContinuationId`` per block pair: 2-4x slower in isolation.)
         """
@@ -191,7 +205,7 @@ class Sessions:
         out: list[KVCacheBlock] = []
         for i, blocks in enumerate(valid):
             tail_first = sorted(blocks, key=lambda e: -e[1])  # stable: prefix order per group
-            out.extend(b for b, _ in tail_first if b.ref_cnt == 0 and owner[b.block_id] == i)
+            out.extend(b for b, _ in tail_first if owner[b.block_id] == i)
         return out
 
     def reorder(self, now: float) -> bool:
@@ -204,43 +218,26 @@ class Sessions:
         seen = (self.version, pool.free_epoch)
         if seen == self._seen:
             return False
-        if seen[0] == self._seen[0] and not pool.watched_moved and self._splice():
-            self.splices += 1
-            self._seen = seen
-            return True
-        self.computed += 1
-        blocks = self.order(now)
+        placed = self._placed
         q = pool.free_block_queue
-        for b in blocks:
-            q.remove(b)
-        q.append_n(blocks)
-        if self._watched_for != self.version:  # the prefixes change only with the sessions
-            pool.watched = {b.block_id for s in self.entries.values() for b in s.blocks}
-            self._watched_for = self.version
-        pool.watched_moved = False
-        self._ends = (blocks[0], blocks[-1]) if blocks else None
+        if placed is not None and seen[0] == self._seen[0] and not pool.watched_stripped:
+            self.splices += 1
+            self.put_back += placed.splice(q, pool.watched_freed)
+        else:
+            self.computed += 1
+            owned = self.owned(now)
+            blocks = [b for b in owned if b.ref_cnt == 0]
+            for b in blocks:
+                q.remove(b)
+            q.append_n(blocks)
+            if self._watched_for != self.version:  # the prefixes change only with the sessions
+                pool.watched = {b.block_id for s in self.entries.values() for b in s.blocks}
+                self._watched_for = self.version
+            pool.watched_stripped = False
+            first, last = (blocks[0], blocks[-1]) if blocks else (None, None)
+            self._placed = Placed(owned, first, last)
+        pool.watched_freed.clear()
         self._seen = seen
-        return True
-
-    def _splice(self) -> bool:
-        """Move the blocks freed behind the placed ones in front of them; False if the
-        placed run's first or last block left the queue (compute the order then)."""
-        if self._ends is None:
-            return False
-        first, last = self._ends
-        # In the queue iff linked (vLLM unlinks a block it removes or pops).
-        if first.prev_free_block is None or last.next_free_block is None:
-            return False
-        tail = self.pool.free_block_queue.fake_free_list_tail
-        new_first = last.next_free_block
-        if new_first is tail:
-            return True  # nothing behind the placed run
-        new_last = tail.prev_free_block
-        assert new_last is not None
-        before = first.prev_free_block
-        last.next_free_block, tail.prev_free_block = tail, last  # cut the freed run off
-        before.next_free_block, new_first.prev_free_block = new_first, before
-        new_last.next_free_block, first.prev_free_block = first, new_last
         return True
 
     # -- integrity ---------------------------------------------------------------
@@ -262,3 +259,78 @@ class Sessions:
             s = self.entries.get(w)
             if s is None or req_id not in s.reqs:
                 raise LeaseIntegrityError(f"request {req_id} bound to no session of {w}")
+
+
+class Placed:
+    """The session order a full reorder placed, kept to splice the next reorders.
+
+    Contract: ``owned`` is every session block in eviction order (free or not) as
+    the order was computed; ``first`` and ``last`` bound the *run*: the owned
+    blocks the queue holds, in order and contiguous (``None`` when it holds none).
+    Everything behind ``last`` was freed since. The caller splices only while no
+    session entered or left and no session block lost its hash (``owned`` and the
+    ranks stand then); the queue is only touched with its own links, and
+    ``num_free_blocks`` moves with every block unlinked or linked here.
+    """
+
+    def __init__(
+        self, owned: list[KVCacheBlock], first: KVCacheBlock | None, last: KVCacheBlock | None
+    ) -> None:
+        self.owned = owned
+        self.rank = {b.block_id: i for i, b in enumerate(owned)}
+        self.first, self.last = first, last
+
+    def splice(self, q: FreeKVCacheBlockQueue, freed: Sequence[KVCacheBlock]) -> int:
+        """Put the ``freed`` session blocks still free back in their places and move
+        the rest of what was freed behind the run in front of it; how many were put
+        back. O(F) for F such frees, plus the referenced blocks skipped."""
+        rank = self.rank
+        back = {
+            b.block_id: b
+            for b in freed
+            if b.block_id in rank and b.ref_cnt == 0 and b.prev_free_block is not None
+        }
+        for b in back.values():  # out of the freed run: every one was freed since
+            q.remove(b)
+        # vLLM only unlinks from the run (a hit, an eviction): its ends move inwards.
+        first = self._linked(self.first, 1)
+        last = self._linked(self.last, -1) if first is not None else None
+        tail = q.fake_free_list_tail
+        if last is not None and last.next_free_block is not tail:
+            assert first is not None and first.prev_free_block is not None
+            new_first, new_last = last.next_free_block, tail.prev_free_block
+            assert new_first is not None and new_last is not None
+            before = first.prev_free_block  # the freed run goes in front of the first
+            last.next_free_block, tail.prev_free_block = tail, last
+            before.next_free_block, new_first.prev_free_block = new_first, before
+            new_last.next_free_block, first.prev_free_block = first, new_last
+        self.first, self.last = first, last
+        for b in sorted(back.values(), key=lambda b: -rank[b.block_id]):
+            nxt = self._linked(self._after(rank[b.block_id]), 1)
+            if nxt is None:  # the highest rank put back: it ends the run
+                q.append(b)
+                self.last = b
+            else:
+                prev = nxt.prev_free_block
+                assert prev is not None
+                prev.next_free_block, b.prev_free_block = b, prev
+                b.next_free_block, nxt.prev_free_block = nxt, b
+                q.num_free_blocks += 1
+            if self.first is None or nxt is self.first:  # lowest rank so far
+                self.first = b
+        return len(back)
+
+    def _after(self, i: int) -> KVCacheBlock | None:
+        return self.owned[i + 1] if i + 1 < len(self.owned) else None
+
+    def _linked(self, b: KVCacheBlock | None, step: int) -> KVCacheBlock | None:
+        """The first owned block from ``b`` on (by ``step``) that the queue holds."""
+        if b is None:
+            return None
+        owned, i = self.owned, self.rank[b.block_id]
+        while 0 <= i < len(owned):
+            b = owned[i]
+            if b.ref_cnt == 0 and b.prev_free_block is not None:
+                return b
+            i += step
+        return None

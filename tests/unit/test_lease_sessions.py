@@ -261,4 +261,34 @@ def test_a_splice_leaves_the_queue_as_the_full_order_would(seed: int) -> None:
     check_queue(r)
     sessions = r.book.sessions
     assert sessions.splices > 0 and sessions.computed > 1  # both ways ran
+    assert sessions.put_back > 0  # and splices put freed session blocks back in place
     r.s.lease_release_all()
+
+
+def test_a_shared_head_freed_again_goes_back_to_its_place_without_the_full_order() -> None:
+    """Two waiting sessions share a head; a foreign request that hits the head runs
+    and ends, freeing the head behind every other block. The next reorder puts the
+    head back at its rank (after the lower-r session's own blocks, with the higher-r
+    session that owns it) by a splice, and the queue is what the full order gives."""
+    r = session_rig(num_blocks=64)
+    head = toks(50, 2)
+    ha, hb = head + toks(60, 3), head + toks(61, 3)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, continuation_p=0.3)
+    r.notice(B, hb, continuation_p=0.9)  # the higher r: it owns the shared head
+    r.step()
+    check_queue(r)
+    sessions = r.book.sessions
+    before = (sessions.computed, sessions.splices, sessions.put_back)
+    r.add(head + toks(70, 2), max_tokens=1)  # hits the head: referenced, out of the queue
+    r.until(lambda: not r.s.requests)  # ends: the head is freed at the tail
+    check_queue(r)
+    order = ids(sessions.order(r.clk()))
+    assert order[-2:] == ids(r.book.sessions.entries["wb"].blocks[1::-1])  # head last
+    computed, splices, put_back = sessions.computed, sessions.splices, sessions.put_back
+    assert computed == before[0] and splices > before[1] and put_back - before[2] == 2
+    r.s.lease_release_all()
+    audit = r.book.audit()  # the run file's counters carry how the order was kept
+    assert audit["session_order_spliced"] == sessions.splices > 0
+    assert audit["session_blocks_put_back"] == sessions.put_back
