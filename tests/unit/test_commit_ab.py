@@ -77,3 +77,16 @@ def test_the_stop_50_pack_counts_the_schedule_part() -> None:
     assert by[("web", "16", "count")]["ratio"] == "1.82x"
     schedule = {v: by[("cs", "16", v)]["parts policy"].split(" / ")[3] for v in ("count", "splice")}
     assert schedule == {"count": "0.414", "splice": "0.335"}
+
+
+def test_the_stop_52_pack_gives_the_readmes_figures() -> None:
+    """bench/results/issue23-ctrl52: the freed session block put back by the splice, ABBA
+    against the commit before it; the figures its README quotes come from the run files."""
+    ab = bench_script("commit_ab")
+    got = rows(ab.report(ROOT / "bench/results/issue23-ctrl52", "lads-adaptive"))
+    by = {r["variant"]: r for r in got}
+    assert {r["commit"] for r in got} == {"8f66153", "19be686"} and len(by) == 4
+    schedule = {v: r["parts policy"].split(" / ")[3] for v, r in by.items()}
+    assert schedule == {"base": "0.720", "base2": "0.499", "inc": "0.700", "inc2": "0.636"}
+    ratio = {v: r["ratio"] for v, r in by.items()}
+    assert ratio == {"base": "2.56x", "base2": "2.28x", "inc": "2.61x", "inc2": "2.57x"}
