@@ -328,13 +328,13 @@ class LeaseBook:
         """Handoff of bound continuations whose allocation succeeded this step."""
         now = self.clock()
         blocks = self.table.kv.coordinator.get_blocks
+        leased, pinned, waiting = self.leases.bound, self.pins.bound, self.sessions.by_req
         for req_id, n in num_scheduled_tokens.items():
-            if n <= 0:
-                continue
+            if n <= 0 or not (req_id in leased or req_id in pinned or req_id in waiting):
+                continue  # it resumes no hold and no session (nearly every request)
             self.leases.handoff(req_id, blocks, now)
             self.pins.handoff(req_id, blocks, now)  # the same rule as a lease's handoff
-            if self.sessions.by_req:
-                self.sessions.allocated(req_id)  # allocated: no longer waiting
+            self.sessions.allocated(req_id)  # allocated: no longer waiting
         self.grants.refill(now)
 
     def drop_all(self, counter: str) -> None:

@@ -35,14 +35,13 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
 
 from ladsd.engine import budget as bud
+from ladsd.engine.lease_hashes import NoticeHashes
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
 from ladsd.engine.lease_resident import (
-    Hasher,
     Prefix,
     lookup_hit,
     make_hasher,
     plain_lookup,
-    prefix_hashes,
     unchanged,
 )
 from ladsd.records import ContinuationId, HistoryNotice, InventoryItem, Phase, SenderInventory
@@ -113,7 +112,7 @@ class Candidates:
         self.pool = pool
         self.lifetime = lifetime  # l: the default of every l_i (lifetime_of)
         self._hash_args = (hash_block_size, hash_algo)
-        self._hasher: Hasher | None = None  # lazy: NONE_HASH is set after the scheduler
+        self._hashes: NoticeHashes | None = None  # lazy: NONE_HASH is set after the scheduler
         self._plain: bool | None = None  # lazy: plain_lookup(kv), see refresh
         self.pending: dict[ContinuationId, LeaseCandidate] = {}
         self.latest: dict[Turn, int] = {}  # version of the live continuation per turn
@@ -123,6 +122,9 @@ class Candidates:
         # until then (a state is published after nearly every engine step).
         self.version = 0
         self._sizes: tuple[int, tuple[tuple[ContinuationId, int], ...]] = (-1, ())
+        # No candidate turns unlisted before this (a lower bound: only an announcement
+        # adds a time): unlisted() scans only past it (it runs at every schedule()).
+        self._unlisted_at = math.inf
 
     # -- announcements and versions ------------------------------------------
 
@@ -151,6 +153,7 @@ class Candidates:
         self.pending[n.cid] = p
         self.latest[turn] = n.cid.version
         self.version += 1
+        self._unlisted_at = min(self._unlisted_at, self._unlisted_time(p))
         return p
 
     def forget(self, cid: ContinuationId) -> bool:
@@ -173,15 +176,19 @@ class Candidates:
     def unlisted(self, now: float) -> list[ContinuationId]:
         """Candidates the sender has not listed within ``l_i`` of readiness (or, for a
         result with an expected wait, not used within ``l_i`` after it)."""
-        out = []
-        for cid, p in self.pending.items():
-            n = p.notice
-            if n.expected_wait_s is not None:  # past its expected use by more than l_i
-                if n.ready_time + n.expected_wait_s + self.lifetime_of(n) < now:
-                    out.append(cid)
-            elif not p.listed and n.ready_time + self.lifetime_of(n) < now:
-                out.append(cid)
-        return out
+        if now <= self._unlisted_at:
+            return []
+        times = {cid: self._unlisted_time(p) for cid, p in self.pending.items()}
+        self._unlisted_at = min(times.values(), default=math.inf)  # the returned too
+        return [cid for cid, t in times.items() if t < now]
+
+    def _unlisted_time(self, p: LeaseCandidate) -> float:
+        """When ``p`` turns unlisted (strictly after it); inf once listed without a wait.
+        A listing only ever moves it to inf, so an earlier bound stays a bound."""
+        n = p.notice
+        if n.expected_wait_s is not None:  # past its expected use by more than l_i
+            return n.ready_time + n.expected_wait_s + self.lifetime_of(n)
+        return math.inf if p.listed else n.ready_time + self.lifetime_of(n)
 
     def clear(self) -> None:
         self.pending.clear()
@@ -294,9 +301,9 @@ class Candidates:
     def _hash(self, n: HistoryNotice) -> list[BlockHash]:
         if not self.kv.enable_caching or not n.token_ids:
             return []
-        if self._hasher is None:
-            self._hasher = make_hasher(*self._hash_args)
-        return prefix_hashes(n.token_ids, self._hasher, cache_salt=n.cache_salt)
+        if self._hashes is None:  # lazy: NONE_HASH is set after the scheduler
+            self._hashes = NoticeHashes(make_hasher(*self._hash_args), self._hash_args[0])
+        return self._hashes.of(n.cid.workflow, n.token_ids, n.cache_salt)
 
     # -- integrity -------------------------------------------------------------
 

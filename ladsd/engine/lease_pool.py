@@ -99,7 +99,7 @@ class LeaseBlockPool(BlockPool):
         self._free_clock: Callable[[], float] | None = None
         self.watched: set[int] = set()  # block ids of the waiting sessions' prefixes
         self.watched_freed: list[KVCacheBlock] = []  # freed since the session order took it
-        self.watched_stripped = False  # one lost its hash since it was cleared
+        self.watched_lost: set[int] = set()  # watched blocks that lost their hash since
 
     # -- lease and pin references ----------------------------------------------
 
@@ -156,7 +156,7 @@ class LeaseBlockPool(BlockPool):
         if removed:
             self.hash_epoch += 1
             if block.block_id in self.watched:
-                self.watched_stripped = True
+                self.watched_lost.add(block.block_id)
             self.stripped_at[block.block_id] = self.hash_epoch
             for led in self.ledgers.values():
                 if block.block_id in led.refs:
@@ -167,7 +167,7 @@ class LeaseBlockPool(BlockPool):
         ok = super().reset_prefix_cache()
         if ok:  # every hash is gone at once (not through _remove_cached_block_hashes)
             self.hash_epoch += 1
-            self.watched_stripped = True
+            self.watched_lost |= self.watched
         return ok
 
     def take_stripped(self, kind: LeaseKind = LeaseKind.LADS) -> set[int]:

@@ -54,8 +54,13 @@ def prefix_hashes(
     *,
     cache_salt: str | None = None,
     lora_request: Any = None,
+    known: Sequence[BlockHash] = (),
 ) -> list[BlockHash]:
-    """Block hashes of every full block of ``token_ids`` (extra keys included)."""
+    """Block hashes of every full block of ``token_ids`` (extra keys included).
+
+    ``known``: the hashes of its first blocks, already computed for these tokens with
+    this salt (:mod:`~ladsd.engine.lease_hashes`): vLLM's hasher goes on from the last.
+    """
     if not token_ids:
         return []
     probe = Request(
@@ -65,9 +70,11 @@ def prefix_hashes(
         pooling_params=None,
         cache_salt=cache_salt,
         lora_request=lora_request,
-        block_hasher=hasher,
+        block_hasher=None,
     )
-    return list(probe.block_hashes)
+    probe.block_hashes = list(known)
+    probe.block_hashes.extend(hasher(probe))
+    return probe.block_hashes
 
 
 def lookup_hit(

@@ -34,7 +34,7 @@ Contract (mini-sglang style; peers.md section 2):
   session blocks (plus ranking the sessions), on such steps only, unless the
   *splice* applies (:class:`Placed`): no session entered or left and none of
   their blocks lost its hash since the order was computed
-  (``LeaseBlockPool.watched``), so every session block keeps its rank and the
+  (``LeaseBlockPool.watched_lost``), so every session block keeps its rank and the
   blocks placed are still in order (vLLM only removes from the middle of the
   queue). The session blocks freed since (``watched_freed``: a request that
   shared a head ended) go back to their places before the next free block of
@@ -43,6 +43,9 @@ Contract (mini-sglang style; peers.md section 2):
   block, O(1). Cost: O(F) for F such frees, plus the referenced blocks skipped
   to find each place and the run's ends (a hit or a re-free moves them
   inwards). An eviction of a session block strips its hash: the full order.
+  The full order reads a session's hashes again only if one of its blocks lost
+  its hash since (``LeaseBlockPool.watched_lost``); a whole prefix is kept
+  (``WaitingSession.tail``), a broken one is read every time.
 * Callers: only :class:`~ladsd.engine.lease_book.LeaseBook`, on the engine
   thread; nothing locks. Memory: bounded by the live workflows.
 * Retention ``SESSION`` (hear-session) and ``LADS_SESSION`` (lads-adaptive, ours):
@@ -88,9 +91,29 @@ class WaitingSession:
     hashes: list[BlockHashWithGroupId]
     spans: list[tuple[int, int]]  # (first token, end token) of each block in the history
     reqs: list[str] = field(default_factory=list)  # requests registered for it
+    # valid() tail first, kept while the whole prefix is valid: it stays so until one
+    # of its blocks loses its hash (LeaseBlockPool.watched_lost), so the full order
+    # does not compare every session's hashes again (controller CPU).
+    tail: list[KVCacheBlock] | None = field(default=None, repr=False)
+    ids: frozenset[int] = field(init=False, repr=False)  # the blocks' ids
+
+    def __post_init__(self) -> None:
+        self.ids = frozenset(b.block_id for b in self.blocks)
 
     def r(self, now: float) -> float:
         return retention_priority(self.p, now - self.ended_at)
+
+    def tail_first(self, lost: set[int]) -> list[KVCacheBlock]:
+        """The valid prefix, tail first (stable: prefix order per group); ``lost``: the
+        watched blocks that lost their hash since the last call."""
+        if self.tail is not None and lost.isdisjoint(self.ids):
+            return self.tail
+        valid = self.valid()
+        tail = [b for b, _ in sorted(valid, key=lambda e: -e[1])]
+        # Whole: kept until one of its blocks is lost; a broken prefix is read again
+        # each time (a block may be cached back with its hash).
+        self.tail = tail if len(valid) == len(self.blocks) else None
+        return tail
 
     def valid(self) -> list[tuple[KVCacheBlock, int]]:
         """(block, end token) of the prefix up to the first block whose hash changed."""
@@ -197,15 +220,14 @@ class Sessions:
         ``ContinuationId`` per block pair: 2-4x slower in isolation.)
         """
         ranked = sorted(self.entries.values(), key=lambda s: (s.r(now), s.cid))
-        valid = [s.valid() for s in ranked]
+        lost = self.pool.watched_lost
+        tails = [s.tail_first(lost) for s in ranked]
         owner: dict[int, int] = {}
-        for i, blocks in enumerate(valid):  # a shared block goes with the highest r (last)
-            for b, _ in blocks:
-                owner[b.block_id] = i
+        for i, blocks in enumerate(tails):  # a shared block goes with the highest r (last)
+            owner.update(dict.fromkeys([b.block_id for b in blocks], i))
         out: list[KVCacheBlock] = []
-        for i, blocks in enumerate(valid):
-            tail_first = sorted(blocks, key=lambda e: -e[1])  # stable: prefix order per group
-            out.extend(b for b, _ in tail_first if owner[b.block_id] == i)
+        for i, blocks in enumerate(tails):
+            out.extend(b for b in blocks if owner[b.block_id] == i)
         return out
 
     def reorder(self, now: float) -> bool:
@@ -220,7 +242,7 @@ class Sessions:
             return False
         placed = self._placed
         q = pool.free_block_queue
-        if placed is not None and seen[0] == self._seen[0] and not pool.watched_stripped:
+        if placed is not None and seen[0] == self._seen[0] and not pool.watched_lost:
             self.splices += 1
             self.put_back += placed.splice(q, pool.watched_freed)
         else:
@@ -231,9 +253,9 @@ class Sessions:
                 q.remove(b)
             q.append_n(blocks)
             if self._watched_for != self.version:  # the prefixes change only with the sessions
-                pool.watched = {b.block_id for s in self.entries.values() for b in s.blocks}
+                pool.watched = set().union(*(s.ids for s in self.entries.values()))
                 self._watched_for = self.version
-            pool.watched_stripped = False
+            pool.watched_lost.clear()  # owned() read it: every session is current
             first, last = (blocks[0], blocks[-1]) if blocks else (None, None)
             self._placed = Placed(owned, first, last)
         pool.watched_freed.clear()
@@ -277,8 +299,15 @@ class Placed:
         self, owned: list[KVCacheBlock], first: KVCacheBlock | None, last: KVCacheBlock | None
     ) -> None:
         self.owned = owned
-        self.rank = {b.block_id: i for i, b in enumerate(owned)}
+        self._rank: dict[int, int] | None = None  # built at the first splice only
         self.first, self.last = first, last
+
+    @property
+    def rank(self) -> dict[int, int]:
+        """Block id -> its place in ``owned`` (many orders are never spliced)."""
+        if self._rank is None:
+            self._rank = {b.block_id: i for i, b in enumerate(self.owned)}
+        return self._rank
 
     def splice(self, q: FreeKVCacheBlockQueue, freed: Sequence[KVCacheBlock]) -> int:
         """Put the ``freed`` session blocks still free back in their places and move

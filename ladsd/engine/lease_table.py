@@ -30,8 +30,9 @@ Contract (mini-sglang style: one owner per structure):
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -116,6 +117,9 @@ class LeaseTable:
         self.holders: dict[int, set[ContinuationId]] = {}  # block id -> leases holding it
         self._u_area = 0.0  # integral of U up to _u_t
         self._u_t = now
+        # No deadline is earlier (a lower bound: deadlines are set once, at acquire):
+        # due() scans only past it, not at every schedule() entry (controller CPU).
+        self._soonest = math.inf
 
     @property
     def used(self) -> int:
@@ -161,6 +165,7 @@ class LeaseTable:
             generation,
         )
         self.leases[cid] = lease
+        self._soonest = min(self._soonest, deadline)
         return lease
 
     def release(self, lease: Lease, status: LeaseStatus, now: float) -> bool:
@@ -176,12 +181,16 @@ class LeaseTable:
         lease.status = status
         return True
 
-    def stripped(self) -> Iterator[Lease]:
-        """Leases holding a block whose hash was stripped since the last call."""
+    def stripped(self) -> list[Lease]:
+        """Leases holding a block whose hash was stripped since the last call (once each)."""
+        if not self.ledger.stripped:  # nearly every call: nothing held was stripped
+            return []
+        out: dict[ContinuationId, Lease] = {}
         for bid in self.pool.take_stripped(self.kind):
-            for cid in list(self.holders.get(bid, ())):
+            for cid in self.holders.get(bid, ()):
                 if (lease := self.leases.get(cid)) is not None:
-                    yield lease
+                    out[cid] = lease
+        return list(out.values())
 
     def cut(self, lease: Lease, now: float) -> int | None:
         """Give back the lease's blocks from the first broken hash on (hashes chain).
@@ -221,7 +230,12 @@ class LeaseTable:
 
     def due(self, now: float) -> list[Lease]:
         """Leases at or past their deadline ``d_i``, in grant order."""
-        return sorted((x for x in self.leases.values() if x.deadline <= now), key=lambda x: x.key)
+        if now < self._soonest:
+            return []
+        due = sorted((x for x in self.leases.values() if x.deadline <= now), key=lambda x: x.key)
+        # Over all, the due too: one the caller keeps is found again at the next call.
+        self._soonest = min((x.deadline for x in self.leases.values()), default=math.inf)
+        return due
 
     # The three counts read this kind's ledger in one lookup: they run per block of every
     # lease at each state published and each grant tried (controller CPU, issue 23).

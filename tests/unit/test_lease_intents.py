@@ -223,3 +223,29 @@ def test_a_non_positive_lifetime_is_refused() -> None:
         with pytest.raises(ValueError, match="lifetime"):
             r.notice(A, h, expected_wait_s=1.0, lifetime_s=bad)
     assert r.s.lease_book.sizes()["pending"] == 0
+
+
+def test_a_later_lease_with_a_shorter_lifetime_expires_at_its_own_deadline() -> None:
+    """Deadlines are not granted in order: A (l_i 30 s) is scanned past first, then B
+    (l 8 s) is granted with the earlier deadline. B expires at its own ``d_i`` at
+    ``schedule()`` entry, A at its own, not one step later than either."""
+    r = session_rig()
+    ha, hb = toks(1, 4), toks(2, 4)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, expected_wait_s=11.0, lifetime_s=30.0)  # d = T0 + 30
+    r.clk.advance(1.0)
+    testing.step(r.s)  # schedule() entry: nothing due, the next deadline is A's
+    r.notice(B, hb, expected_wait_s=1.0, lifetime_s=None)  # d = T0 + 1 + 8: earlier
+    da, db = r.lease(A).deadline, r.lease(B).deadline
+    assert db < da
+    r.clk.t = db - 0.001
+    testing.step(r.s)
+    assert r.lease(B) is not None
+    r.clk.t = db  # exactly B's d_i
+    testing.step(r.s)
+    assert r.lease(B) is None and r.lease(A) is not None
+    r.clk.t = da  # exactly A's
+    testing.step(r.s)
+    assert r.lease(A) is None and r.s.lease_state().counters["expiries"] == 2
+    r.s.check_integrity()

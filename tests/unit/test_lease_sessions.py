@@ -166,7 +166,8 @@ def test_the_linear_order_is_the_sorted_one(seed: int) -> None:
     for b in pool:
         b.set_block_hash(make_block_hash_with_group_id(BlockHash(b"h%d" % b.block_id), 0))
     roots = [rng.sample(pool, 12) for _ in range(3)]
-    sessions = Sessions(None, [BS])  # type: ignore[arg-type]  # order() reads entries only
+    # order() reads the entries and the pool's lost blocks only
+    sessions = Sessions(SimpleNamespace(watched_lost=set()), [BS])  # type: ignore[arg-type]
     for w in range(rng.randint(1, 12)):
         shared = rng.choice(roots)[: rng.randint(0, 12)]
         blocks = shared + rng.sample(pool, rng.randint(0, 8))
@@ -217,7 +218,7 @@ def check_queue(r: Rig) -> None:
     orders (in its order), then the session order: what a full reorder gives, whichever
     way this one went."""
     r.book.sessions.reorder(r.clk())
-    order = ids(r.book.sessions.order(r.clk()))
+    order = ids(sorted_order(r.book.sessions, r.clk()))  # every hash read again
     queue = ids(r.pool.free_block_queue.get_all_free_blocks())
     placed = set(order)
     assert queue == [b for b in queue if b not in placed] + order
@@ -292,3 +293,31 @@ def test_a_shared_head_freed_again_goes_back_to_its_place_without_the_full_order
     audit = r.book.audit()  # the run file's counters carry how the order was kept
     assert audit["session_order_spliced"] == sessions.splices > 0
     assert audit["session_blocks_put_back"] == sessions.put_back
+
+
+def test_a_kept_session_order_is_read_again_once_its_blocks_are_evicted() -> None:
+    """A session's valid prefix is kept between full orders while it is whole. A
+    foreign request that evicts the lower-r session's tail and ends (its blocks free
+    again, with other contents) must not leave those blocks ordered as the session's:
+    the queue is the order read from every hash again, the tail is out of it, and a
+    broken prefix is not kept (it is read again at each full order)."""
+    r = session_rig(num_blocks=40)
+    ha, hb = toks(50, 6), toks(60, 6)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, continuation_p=0.3)  # the lower r: evicted first, tail first
+    r.notice(B, hb, continuation_p=0.9)
+    r.step()
+    check_queue(r)
+    sessions = r.book.sessions
+    sa = sessions.entries["wa"]
+    assert sa.tail is not None and len(sa.tail) == 6  # kept whole
+    placed = set(ids(sessions.order(r.clk())))
+    others = r.pool.get_num_free_blocks() - len(placed)
+    r.run(toks(70, others + 2), max_tokens=1)  # every other free block, then A's tail
+    check_queue(r)
+    valid = ids([b for b, _ in sa.valid()])
+    assert 0 < len(valid) < 6 and sa.tail is None
+    order = ids(sessions.order(r.clk()))
+    assert not set(ids(sa.blocks)) - set(valid) & set(order)  # the evicted tail is out
+    r.s.lease_release_all()
