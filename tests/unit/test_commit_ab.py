@@ -90,3 +90,18 @@ def test_the_stop_52_pack_gives_the_readmes_figures() -> None:
     assert schedule == {"base": "0.720", "base2": "0.499", "inc": "0.700", "inc2": "0.636"}
     ratio = {v: r["ratio"] for v, r in by.items()}
     assert ratio == {"base": "2.56x", "base2": "2.28x", "inc": "2.61x", "inc2": "2.57x"}
+
+
+def test_the_stop_53_pack_gives_the_readmes_figures() -> None:
+    """bench/results/issue23-ctrl53: the schedule part's cuts and the notices' hashes
+    against stop 52 as landed; the figures its README quotes come from the run files."""
+    ab = bench_script("commit_ab")
+    got = rows(ab.report(ROOT / "bench/results/issue23-ctrl53", "lads-adaptive"))
+    by = {r["variant"]: r for r in got}
+    assert {r["commit"] for r in got} == {"0506674", "a1c2822"} and len(by) == 3
+    schedule = {v: r["parts policy"].split(" / ")[3] for v, r in by.items()}
+    assert schedule == {"base": "0.448", "new": "0.265", "new2": "0.271"}
+    ctrl = {v: r["ctrl CPU s (FIFO / policy)"] for v, r in by.items()}
+    assert ctrl == {"base": "0.506 / 1.154", "new": "0.407 / 0.889", "new2": "0.413 / 0.920"}
+    ratio = {v: r["ratio"] for v, r in by.items()}
+    assert ratio == {"base": "2.28x", "new": "2.18x", "new2": "2.22x"}
