@@ -8,7 +8,9 @@ reduction against FIFO, the A/A pair spreads (|repeat 2 / repeat 1 - 1|, FIFO / 
 policy), ctrl CPU per run (FIFO's and the policy's means, their ratio) and its four
 parts (decide / commands / published states / lease work in ``schedule()``; ``-``
 where a run file predates the part), the policy's grants and cached prompt tokens,
-and the commit each variant's run files name. Measures nothing; ``--md`` writes what
+the engine steps per run (FIFO / the policy; ``-`` before stop 54: every step runs the
+lease work inside ``schedule()`` and a publication check) and the commit each variant's
+run files name. Measures nothing; ``--md`` writes what
 it prints.
 
     .venv/bin/python bench/commit_ab.py bench/results/issue23-ctrl48
@@ -67,6 +69,12 @@ def parts(rs: list[RunRecord]) -> str:
     return " / ".join("-" if m is None else f"{m:.3f}" for m in means)
 
 
+def steps(rs: list[RunRecord]) -> str:
+    """Engine steps per run, the mean over ``rs`` (``-``: a run file lacks them)."""
+    m = mean_or_none([r.counters.get("engine_steps") for r in rs])
+    return "-" if m is None else f"{m:.0f}"
+
+
 def commit(rs: list[RunRecord]) -> str:
     shas = {str(r.meta.get("git", "?"))[:7] for r in rs}
     return ",".join(sorted(shas))
@@ -76,8 +84,9 @@ def report(folder: Path, policy: str) -> list[str]:
     data = load(folder)
     lines = [
         "| workload | seed | variant | commit | FIFO s | policy s | below FIFO % | pairs % "
-        "| ctrl CPU s (FIFO / policy) | ratio | parts FIFO | parts policy | grants | cached |",
-        "|---|---:|---|---|---:|---:|---:|---|---|---:|---|---|---:|---:|",
+        "| ctrl CPU s (FIFO / policy) | ratio | parts FIFO | parts policy | grants | cached "
+        "| steps |",
+        "|---|---:|---|---|---:|---:|---:|---|---|---:|---|---|---:|---:|---|",
     ]
     for (wl, var, seed), runs in sorted(data.items(), key=lambda kv: (kv[0][0], kv[0][2])):
         fifo, pol = runs.get("fifo"), runs.get(policy)
@@ -93,7 +102,7 @@ def report(folder: Path, policy: str) -> list[str]:
             f"| {wl} | {seed} | {var} | {commit(fifo + pol)} | {f:.2f} | {p:.2f} "
             f"| {100 * (1 - p / f):.1f} | {spread(fifo)} / {spread(pol)} | {cf:.3f} / {cp:.3f} "
             f"| {cp / cf:.2f}x | {parts(fifo)} | {parts(pol)} | {grants:.0f} "
-            f"| {cached / 1e3:.0f}K |"
+            f"| {cached / 1e3:.0f}K | {steps(fifo)} / {steps(pol)} |"
         )
     return lines
 

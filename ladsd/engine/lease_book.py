@@ -128,7 +128,8 @@ class LeaseBook:
             self.cands, self.leases, self.pins, self.sessions, self.grants, self.pub, clock,
             self._engine_delay,
         )
-        if self.retention.orders_free_queue:
+        self._orders = self.retention.orders_free_queue  # read at every schedule()
+        if self._orders:
             pool.stamp_frees(clock)  # idle: when a session's blocks became free
 
     # -- the parts' state, as callers and tests read it ------------------------
@@ -321,7 +322,7 @@ class LeaseBook:
         now = self.clock()
         self.maintain(now)
         self.grants.refill(now)
-        if self.retention.orders_free_queue and self.sessions.reorder(now):
+        if self._orders and self.sessions.reorder(now):
             self.counters["session_reorders"] += 1
 
     def after_schedule(self, num_scheduled_tokens: dict[str, int]) -> None:
@@ -427,5 +428,7 @@ class LeaseBook:
         out["session_order_computed"] = float(ses.computed)
         out["session_order_spliced"] = float(ses.splices)
         out["session_blocks_put_back"] = float(ses.put_back)
+        reused, hashed = self.cands.hash_counts()  # notices' block hashes (NoticeHashes)
+        out["notice_blocks_reused"], out["notice_blocks_hashed"] = float(reused), float(hashed)
         self.ends.check_released(held)
         return out

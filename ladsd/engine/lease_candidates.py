@@ -305,6 +305,12 @@ class Candidates:
             self._hashes = NoticeHashes(make_hasher(*self._hash_args), self._hash_args[0])
         return self._hashes.of(n.cid.workflow, n.token_ids, n.cache_salt)
 
+    def hash_counts(self) -> tuple[int, int]:
+        """Notice blocks whose hash was carried from the workflow's last history, and
+        blocks hashed (:class:`~ladsd.engine.lease_hashes.NoticeHashes`)."""
+        h = self._hashes
+        return (h.reused, h.hashed) if h is not None else (0, 0)
+
     # -- integrity -------------------------------------------------------------
 
     def sizes(self) -> dict[str, int]:

@@ -214,20 +214,27 @@ class Sessions:
     def owned(self, now: float) -> list[KVCacheBlock]:
         """Every block of the sessions' valid prefixes, free or not, in eviction order.
 
-        O(S) beyond ranking the sessions: a shared block's owner is found first, then
-        each session emits the blocks it owns, tail first. (Sorting every block by
-        ``(r, cid, -end)`` gave the same order for one KV group but compared a
-        ``ContinuationId`` per block pair: 2-4x slower in isolation.)
+        O(S) beyond ranking the sessions: from the highest ``r`` down, each session
+        emits the blocks of its tail that no higher session took, and the runs go out
+        lowest ``r`` first. (Sorting every block by ``(r, cid, -end)`` gave the same
+        order for one KV group but compared a ``ContinuationId`` per block pair: 2-4x
+        slower in isolation; an owner map per block, 2.8x slower than this on 20 sessions
+        sharing heads of 50-200 blocks.)
         """
         ranked = sorted(self.entries.values(), key=lambda s: (s.r(now), s.cid))
         lost = self.pool.watched_lost
-        tails = [s.tail_first(lost) for s in ranked]
-        owner: dict[int, int] = {}
-        for i, blocks in enumerate(tails):  # a shared block goes with the highest r (last)
-            owner.update(dict.fromkeys([b.block_id for b in blocks], i))
+        taken: set[int] = set()
+        runs: list[list[KVCacheBlock]] = []
+        for s in reversed(ranked):  # a shared block goes with the highest r
+            tail = s.tail_first(lost)
+            runs.append([b for b in tail if b.block_id not in taken])
+            if s.tail is tail:  # whole: its ids are the tail's
+                taken |= s.ids
+            else:
+                taken.update([b.block_id for b in tail])
         out: list[KVCacheBlock] = []
-        for i, blocks in enumerate(tails):
-            out.extend(b for b in blocks if owner[b.block_id] == i)
+        for run in reversed(runs):
+            out.extend(run)
         return out
 
     def reorder(self, now: float) -> bool:

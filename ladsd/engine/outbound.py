@@ -49,6 +49,21 @@ class Counters:
     schedule_cpu_s: float = 0.0  # engine-thread CPU of the lease work inside vLLM's schedule()
 
 
+@dataclass(slots=True)
+class Tally:
+    """The engine thread's running :class:`Counters` (that thread only), frozen per record."""
+
+    command_cpu_s: float = 0.0
+    inventory_bytes: int = 0
+    publish_cpu_s: float = 0.0
+    schedule_cpu_s: float = 0.0
+
+    def frozen(self) -> Counters:
+        return Counters(
+            self.command_cpu_s, self.inventory_bytes, self.publish_cpu_s, self.schedule_cpu_s
+        )
+
+
 @dataclass(frozen=True)
 class Published:
     """A lease state, published in engine order."""

@@ -253,6 +253,16 @@ def _shift(c: CallRecord, t0: float) -> CallRecord:
     return replace(c, stamps=c.stamps.shift(t0))
 
 
+# The lease audit's figures a run file keeps beside its counters (LeaseBook.audit).
+AUDIT_EXTRAS: tuple[str, ...] = (
+    "session_order_computed",
+    "session_order_spliced",
+    "session_blocks_put_back",
+    "notice_blocks_reused",
+    "notice_blocks_hashed",
+)
+
+
 def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: tuple[float, ...]) -> dict[str, float]:
     out = new_counters()
     st = rt.state.counters if rt.state is not None else {}
@@ -261,6 +271,11 @@ def _counters(rt: Runtime, audit: dict, flows: tuple, cpu0: tuple[float, ...]) -
             out[k] = v
     for k in ("refs_added", "refs_released"):
         out[k] = audit.get(k, 0)
+    # Extra counters: how the controller's work was done (bench/commit_ab.py reads them).
+    out.update({k: audit[k] for k in AUDIT_EXTRAS if k in audit})
+    act = rt.engine.activity
+    out["engine_steps"], out["engine_loops"] = act.steps, act.loops
+    out["states_published"], out["states_unchanged"] = act.published, act.unchanged
     pol = rt.policy.stats()
     out["promotions"] = pol.get("promotions", 0)
     out["fallbacks"] = pol.get("fallback", 0)

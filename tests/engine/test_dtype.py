@@ -167,6 +167,10 @@ def test_replay_run_file_records_dtype_and_cpu(tmp_path: Path, model_ready) -> N
     assert c["controller_cpu_s"] == pytest.approx(sum(c[k] for k in parts))
     assert c["decision_cpu_s"] >= 0 and c["command_cpu_s"] > 0 and c["publish_cpu_s"] > 0
     assert c["schedule_cpu_s"] > 0  # FIFO too runs the book's expiry and handoff checks
+    # How that work was done: the engine's steps and states, the audit's extras.
+    assert 0 < c["engine_steps"] <= c["engine_loops"] and c["states_published"] > 0
+    assert c["session_order_computed"] == c["session_order_spliced"] == 0  # FIFO: no order
+    assert c["notice_blocks_hashed"] > 0 and c["notice_blocks_reused"] > 0
 
 
 def test_run_files_with_and_without_the_cpu_keys_render(tmp_path: Path) -> None:

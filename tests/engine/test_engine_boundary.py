@@ -154,6 +154,25 @@ async def test_records_reach_their_one_place_in_the_order_they_were_put():
     assert isinstance(await c.get(), EngineDead)
 
 
+def test_the_tally_freezes_into_the_counters_a_record_carries():
+    """The engine thread adds up in a mutable Tally; each record gets a frozen copy
+    with every Counters field, and later additions do not reach it."""
+    from dataclasses import fields
+
+    from ladsd.engine.outbound import Counters, Tally
+
+    assert [f.name for f in fields(Tally)] == [f.name for f in fields(Counters)]
+    t = Tally()
+    t.command_cpu_s += 0.25
+    t.inventory_bytes += 7
+    t.publish_cpu_s += 0.5
+    t.schedule_cpu_s = 0.125
+    first = t.frozen()
+    assert first == Counters(0.25, 7, 0.5, 0.125)
+    t.command_cpu_s += 1.0
+    assert first.command_cpu_s == 0.25 and t.frozen().command_cpu_s == 1.25
+
+
 async def test_a_batch_hands_a_steps_records_over_together_in_order():
     """Inside ``Sink.batch`` records wait and go with one wake of the loop, in order;
     an error inside still hands them over; outside a batch each goes at once."""
