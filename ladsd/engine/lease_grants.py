@@ -257,11 +257,18 @@ class Grants:
             return now + t + d <= x.deadline
 
         order = sorted(table.leases.values(), key=lambda x: (timely(x), -x.deadline, x.key))
-        for x in order:
-            if table.pool.get_num_free_blocks() >= h:
-                break
-            if table.gain(x) > 0:
-                self.leases.release(x, LeaseStatus.REVOKED, "revocations", now)
+        freed = True
+        while freed and table.pool.get_num_free_blocks() < h:
+            # A release raises the gain of a lease passed over that shared its blocks: the
+            # remaining leases are passed again, in the same order, until one frees nothing.
+            freed = False
+            for x in order:
+                if table.pool.get_num_free_blocks() >= h:
+                    break
+                if table.gain(x) > 0:
+                    self.leases.release(x, LeaseStatus.REVOKED, "revocations", now)
+                    freed = True
+            order = [x for x in order if table.leases.get(x.cid) is x]
 
     def clear(self) -> None:
         """End of run: no refusal or denial is kept."""

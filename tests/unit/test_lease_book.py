@@ -216,6 +216,27 @@ def test_revocation_takes_untimely_handoffs_before_later_deadlines() -> None:
     r.ok()
 
 
+def test_revocation_passes_again_once_a_release_raises_an_earlier_leases_gain() -> None:
+    """B (the later deadline, revoked first) holds only blocks A's lease shares: its gain
+    is 0 until A is revoked. A alone leaves F below H, so B's turn comes again."""
+    r = rig(num_blocks=64, headroom=20)
+    hb = toks(1, 5)
+    ha = hb + toks(2, 3)
+    r.run(ha)
+    r.notice(A, ha)
+    r.clk.advance(1.0)
+    r.notice(B, hb)  # the later deadline; every block of it is A's too
+    assert r.s.lease_state().U == 8
+    big = r.add(toks(9, 39), max_tokens=4)  # 40 blocks: F = 55 - 40 = 15
+    r.until(lambda: r.pool.get_num_free_blocks() < 20)
+    r.step()  # entry: A frees 3 (F 18 < H), then B's 5 are its own (F 23)
+    st = r.s.lease_state()
+    assert st.lease_for(A) is None and st.lease_for(B) is None
+    assert st.counters["revocations"] == 2 and st.F >= 20
+    r.s.finish_requests(big.request_id, RequestStatus.FINISHED_ABORTED)
+    r.ok()
+
+
 def test_double_release_is_harmless() -> None:
     r = rig()
     ha = toks(1, 6)
