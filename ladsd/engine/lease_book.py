@@ -428,6 +428,7 @@ class LeaseBook:
         out["session_order_computed"] = float(ses.computed)
         out["session_order_spliced"] = float(ses.splices)
         out["session_blocks_put_back"] = float(ses.put_back)
+        out["sessions_let_go"] = float(ses.left_spliced)  # left by allocation, spliced
         reused, hashed = self.cands.hash_counts()  # notices' block hashes (NoticeHashes)
         out["notice_blocks_reused"], out["notice_blocks_hashed"] = float(reused), float(hashed)
         self.ends.check_released(held)

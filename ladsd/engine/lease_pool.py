@@ -29,10 +29,10 @@ Lock/unlock contract (spec 3, architecture.md "Lease operations"):
   ``free_epoch`` counts the frees; the order of the free queue is not touched
   here (the session order moves blocks with the queue's own remove/append).
   ``watched`` (the session order's blocks): a free of one of them is kept in
-  ``watched_freed`` (the order puts it back in its place), a lost hash or a
-  prefix-cache reset sets ``watched_stripped``: only then must the order be
-  computed again (a set lookup per free or eviction, inside vLLM's part of
-  ``schedule()``).
+  ``watched_freed`` (the order puts it back in its place); a lost hash puts it
+  in ``watched_lost`` and a prefix-cache reset puts every watched block there:
+  only then must the order read that session's hashes again (a set lookup per
+  free or eviction, inside vLLM's part of ``schedule()``).
 
 Without leases the pool behaves exactly like vLLM's (``scripts/vllm_compat.sh``
 runs vLLM's prefix-caching suite with it installed).

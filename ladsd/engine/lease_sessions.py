@@ -32,9 +32,11 @@ Contract (mini-sglang style; peers.md section 2):
   join the tail of the queue, behind the sessions). Frees inside a step
   (preemption) join the tail until the next step. Cost: O(S) for the S
   session blocks (plus ranking the sessions), on such steps only, unless the
-  *splice* applies (:class:`Placed`): no session entered or left and none of
-  their blocks lost its hash since the order was computed
-  (``LeaseBlockPool.watched_lost``), so every session block keeps its rank and the
+  *splice* applies (:class:`Placed`): no session entered, none left but by
+  allocation with its own blocks referenced and in no other waiting prefix (they
+  are let go: freed again, they are foreign frees), and none of their blocks lost
+  its hash since the order was computed (``LeaseBlockPool.watched_lost``), so
+  every other session block keeps its rank and the
   blocks placed are still in order (vLLM only removes from the middle of the
   queue). The session blocks freed since (``watched_freed``: a request that
   shared a head ended) go back to their places before the next free block of
@@ -143,6 +145,9 @@ class Sessions:
         self.splices = 0  # reorders done by the splice
         self.computed = 0  # reorders that computed the order
         self.put_back = 0  # session blocks a splice put back in their places
+        self.left_spliced = 0  # sessions allocated since an order that a splice let go
+        self._left: list[str] = []  # allocated since the last order (workflows)
+        self._changed = False  # since the last order: an entry, or a leave not allocated
 
     def enter(
         self,
@@ -161,6 +166,7 @@ class Sessions:
         s = WaitingSession(cid, p, min(ended, now), list(prefix.blocks), list(prefix.hashes), spans)
         self.entries[cid.workflow] = s
         self.version += 1
+        self._changed = True
         return s
 
     def bind(self, cid: ContinuationId, req_id: str) -> bool:
@@ -177,6 +183,7 @@ class Sessions:
         if s is None or s.cid != cid:
             return False
         self._drop(cid.workflow)
+        self._changed = True
         return True
 
     def end_unbound(self, cid: ContinuationId) -> bool:
@@ -190,11 +197,13 @@ class Sessions:
         if w is None:
             return False
         self._drop(w)
+        self._left.append(w)
         return True
 
     def clear(self) -> None:
         for w in list(self.entries):
             self._drop(w)
+        self._changed = True
 
     def _drop(self, workflow: str) -> None:
         s = self.entries.pop(workflow, None)
@@ -221,21 +230,26 @@ class Sessions:
         slower in isolation; an owner map per block, 2.8x slower than this on 20 sessions
         sharing heads of 50-200 blocks.)
         """
+        out: list[KVCacheBlock] = []
+        for _, run in self._runs(now):
+            out.extend(run)
+        return out
+
+    def _runs(self, now: float) -> list[tuple[str, list[KVCacheBlock]]]:
+        """(workflow, the blocks it owns, tail first) per session, lowest ``r`` first."""
         ranked = sorted(self.entries.values(), key=lambda s: (s.r(now), s.cid))
         lost = self.pool.watched_lost
         taken: set[int] = set()
-        runs: list[list[KVCacheBlock]] = []
+        runs: list[tuple[str, list[KVCacheBlock]]] = []
         for s in reversed(ranked):  # a shared block goes with the highest r
             tail = s.tail_first(lost)
-            runs.append([b for b in tail if b.block_id not in taken])
+            runs.append((s.cid.workflow, [b for b in tail if b.block_id not in taken]))
             if s.tail is tail:  # whole: its ids are the tail's
                 taken |= s.ids
             else:
                 taken.update([b.block_id for b in tail])
-        out: list[KVCacheBlock] = []
-        for run in reversed(runs):
-            out.extend(run)
-        return out
+        runs.reverse()
+        return runs
 
     def reorder(self, now: float) -> bool:
         """Move the free session blocks behind every other free block, in order.
@@ -249,24 +263,52 @@ class Sessions:
             return False
         placed = self._placed
         q = pool.free_block_queue
-        if placed is not None and seen[0] == self._seen[0] and not pool.watched_lost:
+        if placed is not None and not pool.watched_lost and self._let_go(placed):
             self.splices += 1
             self.put_back += placed.splice(q, pool.watched_freed)
         else:
             self.computed += 1
-            owned = self.owned(now)
+            runs = self._runs(now)
+            owned = [b for _, run in runs for b in run]
             blocks = [b for b in owned if b.ref_cnt == 0]
             for b in blocks:
                 q.remove(b)
             q.append_n(blocks)
-            if self._watched_for != self.version:  # the prefixes change only with the sessions
-                pool.watched = set().union(*(s.ids for s in self.entries.values()))
-                self._watched_for = self.version
-            pool.watched_lost.clear()  # owned() read it: every session is current
+            self._watch()
+            pool.watched_lost.clear()  # _runs() read it: every session is current
             first, last = (blocks[0], blocks[-1]) if blocks else (None, None)
-            self._placed = Placed(owned, first, last)
+            self._placed = Placed(owned, first, last, dict(runs))
         pool.watched_freed.clear()
         self._seen = seen
+        self._left.clear()
+        self._changed = False
+        return True
+
+    def _watch(self) -> None:
+        """``pool.watched``: the sessions' blocks (the prefixes change only with them)."""
+        if self._watched_for != self.version:
+            self.pool.watched = set().union(*(s.ids for s in self.entries.values()))
+            self._watched_for = self.version
+
+    def _let_go(self, placed: Placed) -> bool:
+        """Whether ``placed`` still stands: no session changed since it was computed, or
+        only sessions left by allocation (:meth:`allocated`), each of whose own blocks is
+        referenced now and in no waiting session's prefix. Their blocks then hold no
+        free place and no rank passes to another session, so every other rank stands;
+        they leave the order (:meth:`Placed.let_go`)."""
+        if self._changed:
+            return False
+        runs = [placed.runs.get(w) for w in self._left]
+        for run in runs:
+            if run is None or any(b.ref_cnt == 0 for b in run):
+                return False
+            ids = {b.block_id for b in run}
+            if any(not s.ids.isdisjoint(ids) for s in self.entries.values()):
+                return False
+        for w in self._left:
+            placed.let_go(w)
+        self.left_spliced += len(runs)
+        self._watch()
         return True
 
     # -- integrity ---------------------------------------------------------------
@@ -303,11 +345,22 @@ class Placed:
     """
 
     def __init__(
-        self, owned: list[KVCacheBlock], first: KVCacheBlock | None, last: KVCacheBlock | None
+        self,
+        owned: list[KVCacheBlock],
+        first: KVCacheBlock | None,
+        last: KVCacheBlock | None,
+        runs: dict[str, list[KVCacheBlock]],
     ) -> None:
         self.owned = owned
         self._rank: dict[int, int] | None = None  # built at the first splice only
         self.first, self.last = first, last
+        self.runs = runs  # workflow -> the owned blocks it placed
+        self.gone: set[int] = set()  # blocks of sessions let go: no longer ordered
+
+    def let_go(self, workflow: str) -> None:
+        """``workflow`` left with every block it owned referenced: those blocks keep no
+        place (freed again, they are foreign frees)."""
+        self.gone.update(b.block_id for b in self.runs.pop(workflow))
 
     @property
     def rank(self) -> dict[int, int]:
@@ -324,7 +377,10 @@ class Placed:
         back = {
             b.block_id: b
             for b in freed
-            if b.block_id in rank and b.ref_cnt == 0 and b.prev_free_block is not None
+            if b.block_id in rank
+            and b.block_id not in self.gone
+            and b.ref_cnt == 0
+            and b.prev_free_block is not None
         }
         for b in back.values():  # out of the freed run: every one was freed since
             q.remove(b)
@@ -363,10 +419,10 @@ class Placed:
         """The first owned block from ``b`` on (by ``step``) that the queue holds."""
         if b is None:
             return None
-        owned, i = self.owned, self.rank[b.block_id]
+        owned, i, gone = self.owned, self.rank[b.block_id], self.gone
         while 0 <= i < len(owned):
             b = owned[i]
-            if b.ref_cnt == 0 and b.prev_free_block is not None:
+            if b.ref_cnt == 0 and b.prev_free_block is not None and b.block_id not in gone:
                 return b
             i += step
         return None

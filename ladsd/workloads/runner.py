@@ -258,6 +258,7 @@ AUDIT_EXTRAS: tuple[str, ...] = (
     "session_order_computed",
     "session_order_spliced",
     "session_blocks_put_back",
+    "sessions_let_go",
     "notice_blocks_reused",
     "notice_blocks_hashed",
 )

@@ -321,3 +321,64 @@ def test_a_kept_session_order_is_read_again_once_its_blocks_are_evicted() -> Non
     order = ids(sessions.order(r.clk()))
     assert not set(ids(sa.blocks)) - set(valid) & set(order)  # the evicted tail is out
     r.s.lease_release_all()
+
+
+def test_a_resumed_session_that_owns_only_its_own_blocks_leaves_by_the_splice() -> None:
+    """Two waiting sessions with their own histories; the higher-r one resumes. Its
+    blocks are referenced by the resumed request and in no other prefix, so the order
+    is spliced, not computed; once that request ends its blocks are foreign frees and
+    go ahead of the session still waiting."""
+    r = session_rig(num_blocks=64)
+    ha, hb = toks(50, 4), toks(60, 4)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, continuation_p=0.9)  # the higher r: its run ends the order
+    r.notice(B, hb, continuation_p=0.3)
+    r.step()
+    check_queue(r)
+    sessions = r.book.sessions
+    computed = sessions.computed
+    req = r.add(cont(ha), max_tokens=2)
+    r.s.lease_bind(A, req.request_id)
+    r.step()  # allocated: A leaves
+    check_queue(r)
+    assert "wa" not in sessions.entries
+    assert sessions.computed == computed and sessions.left_spliced == 1
+    r.until(lambda: not r.s.requests)  # A's blocks are freed at the tail
+    check_queue(r)
+    order = ids(sessions.order(r.clk()))
+    queue = ids(r.pool.free_block_queue.get_all_free_blocks())
+    assert order == ids(sessions.entries["wb"].blocks[::-1]) and queue[-len(order) :] == order
+    assert sessions.computed == computed  # the frees were spliced too
+    r.s.lease_release_all()
+    assert r.book.audit()["sessions_let_go"] == 1  # the run file's counters carry it
+
+
+def test_a_resumed_session_that_owned_a_shared_head_gives_it_to_the_next_by_the_full_order() -> (
+    None
+):
+    """The higher-r session owns the head both waiting sessions share; it resumes. The
+    head's rank passes to the lower-r session, so the order is computed again, and
+    once the resumed request ends the head goes back with the session still waiting."""
+    r = session_rig(num_blocks=64)
+    head = toks(50, 2)
+    ha, hb = head + toks(60, 3), head + toks(61, 3)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, continuation_p=0.3)
+    r.notice(B, hb, continuation_p=0.9)  # owns the head
+    r.step()
+    check_queue(r)
+    sessions = r.book.sessions
+    computed = sessions.computed
+    req = r.add(cont(hb), max_tokens=2)
+    r.s.lease_bind(B, req.request_id)
+    r.step()
+    check_queue(r)
+    assert "wb" not in sessions.entries
+    assert sessions.computed == computed + 1 and sessions.left_spliced == 0
+    r.until(lambda: not r.s.requests)
+    check_queue(r)
+    order = ids(sessions.order(r.clk()))
+    assert set(ids(sessions.entries["wa"].blocks[:2])) <= set(order)  # the head, A's now
+    r.s.lease_release_all()
