@@ -105,3 +105,25 @@ def test_the_stop_53_pack_gives_the_readmes_figures() -> None:
     assert ctrl == {"base": "0.506 / 1.154", "new": "0.407 / 0.889", "new2": "0.413 / 0.920"}
     ratio = {v: r["ratio"] for v, r in by.items()}
     assert ratio == {"base": "2.28x", "new": "2.18x", "new2": "2.22x"}
+
+
+def test_the_stop_54_pack_gives_the_readmes_figures() -> None:
+    """bench/results/issue23-ctrl54: stop 53 as landed against the per-step cuts, ABBA; the
+    figures its README quotes, the steps included, come from the run files."""
+    ab = bench_script("commit_ab")
+    got = rows(ab.report(ROOT / "bench/results/issue23-ctrl54", "lads-adaptive"))
+    by = {r["variant"]: r for r in got}
+    assert {r["commit"] for r in got} == {"a04daae", "8013616"} and len(by) == 4
+    schedule = {v: r["parts policy"].split(" / ")[3] for v, r in by.items()}
+    assert schedule == {"base": "0.264", "base2": "0.251", "new": "0.216", "new2": "0.231"}
+    ctrl = {v: r["ctrl CPU s (FIFO / policy)"] for v, r in by.items()}
+    assert ctrl == {
+        "base": "0.405 / 0.899",
+        "base2": "0.417 / 0.872",
+        "new": "0.407 / 0.829",
+        "new2": "0.403 / 0.864",
+    }
+    ratio = {v: r["ratio"] for v, r in by.items()}
+    assert ratio == {"base": "2.22x", "base2": "2.09x", "new": "2.04x", "new2": "2.14x"}
+    steps = {v: r["steps"] for v, r in by.items()}
+    assert steps == {"base": "- / -", "base2": "- / -", "new": "1737 / 3136", "new2": "1699 / 3063"}
