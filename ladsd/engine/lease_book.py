@@ -424,11 +424,11 @@ class LeaseBook:
         out["refs_held"] = float(held)
         out["pin_refs_added"] = float(self.pins.table.ledger.added)
         out["pin_refs_released"] = float(self.pins.table.ledger.released)
-        ses = self.sessions  # how the session order was kept (HEAR session, lads-adaptive)
+        ses = self.sessions.counts  # how the session order was kept (HEAR's, lads-adaptive's)
         out["session_order_computed"] = float(ses.computed)
         out["session_order_spliced"] = float(ses.splices)
         out["session_blocks_put_back"] = float(ses.put_back)
-        out["sessions_let_go"] = float(ses.left_spliced)  # left by allocation, spliced
+        out["sessions_let_go"] = float(ses.let_go)
         reused, hashed = self.cands.hash_counts()  # notices' block hashes (NoticeHashes)
         out["notice_blocks_reused"], out["notice_blocks_hashed"] = float(reused), float(hashed)
         self.ends.check_released(held)

@@ -130,6 +130,16 @@ class WaitingSession:
         ]
 
 
+@dataclass
+class OrderCounts:
+    """How the session order was kept (the audit and the run files report them)."""
+
+    computed: int = 0  # reorders that computed the order
+    splices: int = 0  # reorders done by the splice
+    put_back: int = 0  # session blocks a splice put back in their places
+    let_go: int = 0  # sessions left by allocation that a splice let go
+
+
 class Sessions:
     """Live waiting sessions and the free-queue order they impose (see the contract)."""
 
@@ -142,10 +152,7 @@ class Sessions:
         self._seen: tuple[int, int] = (-1, -1)  # (version, free epoch) at the last reorder
         self._placed: Placed | None = None  # what the last full order placed
         self._watched_for = -1  # the version pool.watched was built for
-        self.splices = 0  # reorders done by the splice
-        self.computed = 0  # reorders that computed the order
-        self.put_back = 0  # session blocks a splice put back in their places
-        self.left_spliced = 0  # sessions allocated since an order that a splice let go
+        self.counts = OrderCounts()
         self._left: list[str] = []  # allocated since the last order (workflows)
         self._changed = False  # since the last order: an entry, or a leave not allocated
 
@@ -264,10 +271,10 @@ class Sessions:
         placed = self._placed
         q = pool.free_block_queue
         if placed is not None and not pool.watched_lost and self._let_go(placed):
-            self.splices += 1
-            self.put_back += placed.splice(q, pool.watched_freed)
+            self.counts.splices += 1
+            self.counts.put_back += placed.splice(q, pool.watched_freed)
         else:
-            self.computed += 1
+            self.counts.computed += 1
             runs = self._runs(now)
             owned = [b for _, run in runs for b in run]
             blocks = [b for b in owned if b.ref_cnt == 0]
@@ -307,7 +314,7 @@ class Sessions:
                 return False
         for w in self._left:
             placed.let_go(w)
-        self.left_spliced += len(runs)
+        self.counts.let_go += len(runs)
         self._watch()
         return True
 

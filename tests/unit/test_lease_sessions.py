@@ -261,8 +261,8 @@ def test_a_splice_leaves_the_queue_as_the_full_order_would(seed: int) -> None:
     r.until(lambda: not r.s.requests)
     check_queue(r)
     sessions = r.book.sessions
-    assert sessions.splices > 0 and sessions.computed > 1  # both ways ran
-    assert sessions.put_back > 0  # and splices put freed session blocks back in place
+    assert sessions.counts.splices > 0 and sessions.counts.computed > 1  # both ways ran
+    assert sessions.counts.put_back > 0  # and splices put freed session blocks back in place
     r.s.lease_release_all()
 
 
@@ -281,18 +281,20 @@ def test_a_shared_head_freed_again_goes_back_to_its_place_without_the_full_order
     r.step()
     check_queue(r)
     sessions = r.book.sessions
-    before = (sessions.computed, sessions.splices, sessions.put_back)
+    c = sessions.counts
+    before = (c.computed, c.splices, c.put_back)
     r.add(head + toks(70, 2), max_tokens=1)  # hits the head: referenced, out of the queue
     r.until(lambda: not r.s.requests)  # ends: the head is freed at the tail
     check_queue(r)
     order = ids(sessions.order(r.clk()))
     assert order[-2:] == ids(r.book.sessions.entries["wb"].blocks[1::-1])  # head last
-    computed, splices, put_back = sessions.computed, sessions.splices, sessions.put_back
+    c = sessions.counts
+    computed, splices, put_back = c.computed, c.splices, c.put_back
     assert computed == before[0] and splices > before[1] and put_back - before[2] == 2
     r.s.lease_release_all()
     audit = r.book.audit()  # the run file's counters carry how the order was kept
-    assert audit["session_order_spliced"] == sessions.splices > 0
-    assert audit["session_blocks_put_back"] == sessions.put_back
+    assert audit["session_order_spliced"] == sessions.counts.splices > 0
+    assert audit["session_blocks_put_back"] == sessions.counts.put_back
 
 
 def test_a_kept_session_order_is_read_again_once_its_blocks_are_evicted() -> None:
@@ -337,19 +339,19 @@ def test_a_resumed_session_that_owns_only_its_own_blocks_leaves_by_the_splice() 
     r.step()
     check_queue(r)
     sessions = r.book.sessions
-    computed = sessions.computed
+    computed = sessions.counts.computed
     req = r.add(cont(ha), max_tokens=2)
     r.s.lease_bind(A, req.request_id)
     r.step()  # allocated: A leaves
     check_queue(r)
     assert "wa" not in sessions.entries
-    assert sessions.computed == computed and sessions.left_spliced == 1
+    assert sessions.counts.computed == computed and sessions.counts.let_go == 1
     r.until(lambda: not r.s.requests)  # A's blocks are freed at the tail
     check_queue(r)
     order = ids(sessions.order(r.clk()))
     queue = ids(r.pool.free_block_queue.get_all_free_blocks())
     assert order == ids(sessions.entries["wb"].blocks[::-1]) and queue[-len(order) :] == order
-    assert sessions.computed == computed  # the frees were spliced too
+    assert sessions.counts.computed == computed  # the frees were spliced too
     r.s.lease_release_all()
     assert r.book.audit()["sessions_let_go"] == 1  # the run file's counters carry it
 
@@ -370,13 +372,13 @@ def test_a_resumed_session_that_owned_a_shared_head_gives_it_to_the_next_by_the_
     r.step()
     check_queue(r)
     sessions = r.book.sessions
-    computed = sessions.computed
+    computed = sessions.counts.computed
     req = r.add(cont(hb), max_tokens=2)
     r.s.lease_bind(B, req.request_id)
     r.step()
     check_queue(r)
     assert "wb" not in sessions.entries
-    assert sessions.computed == computed + 1 and sessions.left_spliced == 0
+    assert sessions.counts.computed == computed + 1 and sessions.counts.let_go == 0
     r.until(lambda: not r.s.requests)
     check_queue(r)
     order = ids(sessions.order(r.clk()))
