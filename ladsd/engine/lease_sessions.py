@@ -97,10 +97,11 @@ class WaitingSession:
     # of its blocks loses its hash (LeaseBlockPool.watched_lost), so the full order
     # does not compare every session's hashes again (controller CPU).
     tail: list[KVCacheBlock] | None = field(default=None, repr=False)
-    ids: frozenset[int] = field(init=False, repr=False)  # the blocks' ids
+    ids: frozenset[int] = field(default=frozenset(), repr=False)  # the blocks' ids
 
     def __post_init__(self) -> None:
-        self.ids = frozenset(b.block_id for b in self.blocks)
+        if not self.ids:  # Sessions.enter passes the Prefix's own set
+            self.ids = frozenset(b.block_id for b in self.blocks)
 
     def r(self, now: float) -> float:
         return retention_priority(self.p, now - self.ended_at)
@@ -170,7 +171,9 @@ class Sessions:
         stamps = map(self.pool.freed_at.get, prefix.unreferenced())
         ended = min((t for t in stamps if t is not None), default=now)
         retention_priority(p, 0.0)  # validates p
-        s = WaitingSession(cid, p, min(ended, now), list(prefix.blocks), list(prefix.hashes), spans)
+        s = WaitingSession(
+            cid, p, min(ended, now), list(prefix.blocks), list(prefix.hashes), spans, ids=prefix.ids
+        )
         self.entries[cid.workflow] = s
         self.version += 1
         self._changed = True

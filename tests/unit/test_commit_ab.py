@@ -23,6 +23,17 @@ def rows(lines: list[str]) -> list[dict[str, str]]:
     return [dict(zip(head, r, strict=True)) for r in table[1:]]  # '|---' is not listed
 
 
+def variants(pack: str) -> dict[str, dict[str, str]]:
+    """A one-seed pack's rows by variant."""
+    got = bench_script("commit_ab").report(ROOT / "bench/results" / pack, "lads-adaptive")
+    return {r["variant"]: r for r in rows(got)}
+
+
+def column(by: dict[str, dict[str, str]], name: str, part: int | None = None) -> dict[str, str]:
+    """One column per variant (``part``: one of its `` / ``-separated fields)."""
+    return {v: r[name] if part is None else r[name].split(" / ")[part] for v, r in by.items()}
+
+
 def test_the_pack_gives_every_variant_and_its_commit() -> None:
     ab = bench_script("commit_ab")
     got = rows(ab.report(FOLDER, "lads-adaptive"))
@@ -82,48 +93,42 @@ def test_the_stop_50_pack_counts_the_schedule_part() -> None:
 def test_the_stop_52_pack_gives_the_readmes_figures() -> None:
     """bench/results/issue23-ctrl52: the freed session block put back by the splice, ABBA
     against the commit before it; the figures its README quotes come from the run files."""
-    ab = bench_script("commit_ab")
-    got = rows(ab.report(ROOT / "bench/results/issue23-ctrl52", "lads-adaptive"))
-    by = {r["variant"]: r for r in got}
-    assert {r["commit"] for r in got} == {"8f66153", "19be686"} and len(by) == 4
-    schedule = {v: r["parts policy"].split(" / ")[3] for v, r in by.items()}
+    by = variants("issue23-ctrl52")
+    assert {r["commit"] for r in by.values()} == {"8f66153", "19be686"} and len(by) == 4
+    schedule = column(by, "parts policy", 3)
     assert schedule == {"base": "0.720", "base2": "0.499", "inc": "0.700", "inc2": "0.636"}
-    ratio = {v: r["ratio"] for v, r in by.items()}
+    ratio = column(by, "ratio")
     assert ratio == {"base": "2.56x", "base2": "2.28x", "inc": "2.61x", "inc2": "2.57x"}
 
 
 def test_the_stop_53_pack_gives_the_readmes_figures() -> None:
     """bench/results/issue23-ctrl53: the schedule part's cuts and the notices' hashes
     against stop 52 as landed; the figures its README quotes come from the run files."""
-    ab = bench_script("commit_ab")
-    got = rows(ab.report(ROOT / "bench/results/issue23-ctrl53", "lads-adaptive"))
-    by = {r["variant"]: r for r in got}
-    assert {r["commit"] for r in got} == {"0506674", "a1c2822"} and len(by) == 3
-    schedule = {v: r["parts policy"].split(" / ")[3] for v, r in by.items()}
+    by = variants("issue23-ctrl53")
+    assert {r["commit"] for r in by.values()} == {"0506674", "a1c2822"} and len(by) == 3
+    schedule = column(by, "parts policy", 3)
     assert schedule == {"base": "0.448", "new": "0.265", "new2": "0.271"}
-    ctrl = {v: r["ctrl CPU s (FIFO / policy)"] for v, r in by.items()}
+    ctrl = column(by, "ctrl CPU s (FIFO / policy)")
     assert ctrl == {"base": "0.506 / 1.154", "new": "0.407 / 0.889", "new2": "0.413 / 0.920"}
-    ratio = {v: r["ratio"] for v, r in by.items()}
+    ratio = column(by, "ratio")
     assert ratio == {"base": "2.28x", "new": "2.18x", "new2": "2.22x"}
 
 
 def test_the_stop_54_pack_gives_the_readmes_figures() -> None:
     """bench/results/issue23-ctrl54: stop 53 as landed against the per-step cuts, ABBA; the
     figures its README quotes, the steps included, come from the run files."""
-    ab = bench_script("commit_ab")
-    got = rows(ab.report(ROOT / "bench/results/issue23-ctrl54", "lads-adaptive"))
-    by = {r["variant"]: r for r in got}
-    assert {r["commit"] for r in got} == {"a04daae", "8013616"} and len(by) == 4
-    schedule = {v: r["parts policy"].split(" / ")[3] for v, r in by.items()}
+    by = variants("issue23-ctrl54")
+    assert {r["commit"] for r in by.values()} == {"a04daae", "8013616"} and len(by) == 4
+    schedule = column(by, "parts policy", 3)
     assert schedule == {"base": "0.264", "base2": "0.251", "new": "0.216", "new2": "0.231"}
-    ctrl = {v: r["ctrl CPU s (FIFO / policy)"] for v, r in by.items()}
+    ctrl = column(by, "ctrl CPU s (FIFO / policy)")
     assert ctrl == {
         "base": "0.405 / 0.899",
         "base2": "0.417 / 0.872",
         "new": "0.407 / 0.829",
         "new2": "0.403 / 0.864",
     }
-    ratio = {v: r["ratio"] for v, r in by.items()}
+    ratio = column(by, "ratio")
     assert ratio == {"base": "2.22x", "base2": "2.09x", "new": "2.04x", "new2": "2.14x"}
-    steps = {v: r["steps"] for v, r in by.items()}
+    steps = column(by, "steps")
     assert steps == {"base": "- / -", "base2": "- / -", "new": "1737 / 3136", "new2": "1699 / 3063"}

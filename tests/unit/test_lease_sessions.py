@@ -325,26 +325,37 @@ def test_a_kept_session_order_is_read_again_once_its_blocks_are_evicted() -> Non
     r.s.lease_release_all()
 
 
+def waiting_then_resumed(
+    ha: list[int], pa: float, hb: list[int], pb: float, resume: str
+) -> tuple[Rig, int]:
+    """Sessions A (``ha``, ``p`` = ``pa``) and B wait in an order checked once; then
+    ``resume``'s continuation is registered and allocated in one step (checked again).
+    Returns the rig and the full orders computed before the resume."""
+    r = session_rig(num_blocks=64)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, continuation_p=pa)
+    r.notice(B, hb, continuation_p=pb)
+    r.step()
+    check_queue(r)
+    computed = r.book.sessions.counts.computed
+    cid, hist = (A, ha) if resume == "wa" else (B, hb)
+    req = r.add(cont(hist), max_tokens=2)
+    r.s.lease_bind(cid, req.request_id)
+    r.step()  # allocated: it leaves
+    check_queue(r)
+    assert resume not in r.book.sessions.entries
+    return r, computed
+
+
 def test_a_resumed_session_that_owns_only_its_own_blocks_leaves_by_the_splice() -> None:
     """Two waiting sessions with their own histories; the higher-r one resumes. Its
     blocks are referenced by the resumed request and in no other prefix, so the order
     is spliced, not computed; once that request ends its blocks are foreign frees and
     go ahead of the session still waiting."""
-    r = session_rig(num_blocks=64)
-    ha, hb = toks(50, 4), toks(60, 4)
-    r.run(ha)
-    r.run(hb)
-    r.notice(A, ha, continuation_p=0.9)  # the higher r: its run ends the order
-    r.notice(B, hb, continuation_p=0.3)
-    r.step()
-    check_queue(r)
+    # A has the higher r: its run ends the order.
+    r, computed = waiting_then_resumed(toks(50, 4), 0.9, toks(60, 4), 0.3, resume="wa")
     sessions = r.book.sessions
-    computed = sessions.counts.computed
-    req = r.add(cont(ha), max_tokens=2)
-    r.s.lease_bind(A, req.request_id)
-    r.step()  # allocated: A leaves
-    check_queue(r)
-    assert "wa" not in sessions.entries
     assert sessions.counts.computed == computed and sessions.counts.let_go == 1
     r.until(lambda: not r.s.requests)  # A's blocks are freed at the tail
     check_queue(r)
@@ -362,22 +373,11 @@ def test_a_resumed_session_that_owned_a_shared_head_gives_it_to_the_next_by_the_
     """The higher-r session owns the head both waiting sessions share; it resumes. The
     head's rank passes to the lower-r session, so the order is computed again, and
     once the resumed request ends the head goes back with the session still waiting."""
-    r = session_rig(num_blocks=64)
-    head = toks(50, 2)
-    ha, hb = head + toks(60, 3), head + toks(61, 3)
-    r.run(ha)
-    r.run(hb)
-    r.notice(A, ha, continuation_p=0.3)
-    r.notice(B, hb, continuation_p=0.9)  # owns the head
-    r.step()
-    check_queue(r)
+    head = toks(50, 2)  # B has the higher r: it owns the head
+    r, computed = waiting_then_resumed(
+        head + toks(60, 3), 0.3, head + toks(61, 3), 0.9, resume="wb"
+    )
     sessions = r.book.sessions
-    computed = sessions.counts.computed
-    req = r.add(cont(hb), max_tokens=2)
-    r.s.lease_bind(B, req.request_id)
-    r.step()
-    check_queue(r)
-    assert "wb" not in sessions.entries
     assert sessions.counts.computed == computed + 1 and sessions.counts.let_go == 0
     r.until(lambda: not r.s.requests)
     check_queue(r)
