@@ -253,11 +253,11 @@ class LeaseBook:
             if it.phase is Phase.CANCELLED:
                 self.ends.cancel(it.cid, "cancellations")
             elif it.phase is Phase.RECEIVED:
-                self.ends.forget(it.cid)
+                self.ends.receive(it.cid, now)
             else:
                 fresh |= self.cands.mark(it)
         for cid in seen_before - self.cands.phases.keys():  # received (a lease stays)
-            self.ends.forget(cid)
+            self.ends.receive(cid, now)
         if fresh:  # first real offer of a result to the sender
             view = self._view(now)
             self.grants.evaluate(view)
@@ -429,6 +429,8 @@ class LeaseBook:
         out["session_order_spliced"] = float(ses.splices)
         out["session_blocks_put_back"] = float(ses.put_back)
         out["sessions_let_go"] = float(ses.let_go)
+        for k in ("allocated", "unbound", "ended", "replaced", "kept", "expired"):
+            out[f"sessions_{k}"] = float(getattr(ses, k))  # how sessions left
         reused, hashed = self.cands.hash_counts()  # notices' block hashes (NoticeHashes)
         out["notice_blocks_reused"], out["notice_blocks_hashed"] = float(reused), float(hashed)
         self.ends.check_released(held)

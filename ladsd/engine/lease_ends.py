@@ -30,12 +30,13 @@ class Ends:
     * :meth:`maintain` (before every public operation of the book): stripped
       blocks leave their holds, holds at their deadline expire, leases are
       revoked while fewer than ``H`` blocks are free, candidates never listed
-      within ``l`` are dropped.
+      within ``l`` are dropped, sessions kept past their bind's wait leave.
     * :meth:`ended`: every end of a hold (``Holds.release``) comes back here:
       a lease's end is published, the grants may refill, the continuation settles.
     * :meth:`supersede` cancels the older live version of a turn,
       :meth:`cancel` ends its lease, pin, session and candidacy,
       :meth:`forget` ends a candidacy (its refusals and unbound session go),
+      :meth:`receive` ends it at the receipt (an unbound session is kept),
       and :meth:`settle` keeps nothing about a continuation once none holds it.
     * :meth:`drop_all` releases every lease and pin; :meth:`release_all` (end
       of run) forgets everything else too; :meth:`check_released` raises if
@@ -73,6 +74,7 @@ class Ends:
         self.grants.revoke(now, self.engine_delay)  # LADS leases only: never a pin
         for cid in self.cands.unlisted(now):  # never offered within l (bounded memory)
             self.forget(cid)
+        self.sessions.expire(now)  # kept at their receipt, no bind within l_i
         return pool.refs_released != before
 
     def strip(self, now: float) -> None:
@@ -120,6 +122,14 @@ class Ends:
             self.grants.refused.pop(cid, None)
             self.sessions.end_unbound(cid)  # dropped before any request was bound
             self.settle(cid)
+
+    def receive(self, cid: ContinuationId, now: float) -> None:
+        """``cid``'s result reached the agent: no longer a candidate; an unbound session
+        waits on for its bind up to ``l_i`` (``Sessions.received``)."""
+        p = self.cands.pending.get(cid)
+        if p is not None:
+            self.sessions.received(cid, now + self.cands.lifetime_of(p.notice))
+        self.forget(cid)
 
     def settle(self, cid: ContinuationId) -> None:
         """Keep nothing about ``cid`` once it is neither a candidate nor held."""

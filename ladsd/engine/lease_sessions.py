@@ -11,8 +11,14 @@ Contract (mini-sglang style; peers.md section 2):
   the harness describes the history, as for LADS and ttl-pin; ours) with the
   blocks of its resident prefix ``P_i`` and leaves when its bound request is
   scheduled (allocated), when it is cancelled or superseded, when its
-  candidate is dropped before any request was bound to it, or at the end of
-  the run. At most one entry per workflow: a newer notice replaces it.
+  candidate is dropped unreceived before any request was bound to it, or at
+  the end of the run. A session whose result is received before its request
+  is bound is *kept* (:meth:`Sessions.received`, ours): it waits for the bind
+  up to ``l_i`` after the receipt (:meth:`Sessions.expire`), since HEAR's
+  session waits from its last request's end to its next one (until stop 55
+  it left at the receipt: 60 of 96 sessions on captured-scaled, whose blocks
+  then fell to the front of the session region while the agent built the
+  request). At most one entry per workflow: a newer notice replaces it.
 * Priority. ``p`` is the notice's ``continuation_p`` (the harness's estimate
   from completed sessions; :data:`P_PRIOR` when absent); ``idle`` is the time
   since the session's last request ended, engine-side: the earliest free stamp
@@ -132,13 +138,20 @@ class WaitingSession:
 
 
 @dataclass
-class OrderCounts:
-    """How the session order was kept (the audit and the run files report them)."""
+class SessionCounts:
+    """How sessions left and how the order was kept (the audit and the run files
+    report them)."""
 
     computed: int = 0  # reorders that computed the order
     splices: int = 0  # reorders done by the splice
     put_back: int = 0  # session blocks a splice put back in their places
     let_go: int = 0  # sessions left by allocation that a splice let go
+    allocated: int = 0  # left: their bound request was scheduled
+    unbound: int = 0  # left: the candidate dropped with no request bound (not received)
+    ended: int = 0  # left: cancelled or superseded
+    replaced: int = 0  # left: a newer notice of the workflow entered
+    kept: int = 0  # received before their bind: kept waiting for it (ours)
+    expired: int = 0  # left: kept, and no bind came within l of the receipt
 
 
 class Sessions:
@@ -153,7 +166,9 @@ class Sessions:
         self._seen: tuple[int, int] = (-1, -1)  # (version, free epoch) at the last reorder
         self._placed: Placed | None = None  # what the last full order placed
         self._watched_for = -1  # the version pool.watched was built for
-        self.counts = OrderCounts()
+        self.counts = SessionCounts()
+        # Received before their bind (workflow -> until when they wait for it, ours).
+        self.kept: dict[str, float] = {}
         self._left: list[str] = []  # allocated since the last order (workflows)
         self._changed = False  # since the last order: an entry, or a leave not allocated
 
@@ -165,7 +180,8 @@ class Sessions:
         now: float,
     ) -> WaitingSession:
         """``cid``'s result is ready: its session waits with ``P_i`` = ``prefix``."""
-        self._drop(cid.workflow)
+        if self._drop(cid.workflow):
+            self.counts.replaced += 1
         sizes = self.block_sizes
         spans = [(pos * sizes[g], (pos + 1) * sizes[g]) for g, pos in prefix.slots]
         stamps = map(self.pool.freed_at.get, prefix.unreferenced())
@@ -185,21 +201,55 @@ class Sessions:
             return False
         s.reqs.append(req_id)
         self.by_req[req_id] = cid.workflow
+        self.kept.pop(cid.workflow, None)  # bound: it waits for its allocation now
         return True
+
+    def received(self, cid: ContinuationId, until: float) -> bool:
+        """``cid``'s result reached the agent before a request was bound to it: its
+        session waits on for the bind until ``until`` (ours; the resumed request is the
+        history's next use, so the history stays in the order until it is allocated)."""
+        s = self.entries.get(cid.workflow)
+        if s is None or s.cid != cid or s.reqs:
+            return False
+        self.kept[cid.workflow] = until
+        self.counts.kept += 1
+        return True
+
+    def expire(self, now: float) -> int:
+        """Kept sessions whose bind did not come by their ``until`` leave; how many."""
+        if not self.kept:
+            return 0
+        gone = [w for w, until in self.kept.items() if until <= now]
+        for w in gone:
+            self._drop(w)
+        if gone:
+            self.counts.expired += len(gone)
+            self._changed = True
+        return len(gone)
 
     def end(self, cid: ContinuationId) -> bool:
         """Cancelled or superseded: ``cid``'s session leaves the order."""
+        if not self._end(cid):
+            return False
+        self.counts.ended += 1
+        return True
+
+    def end_unbound(self, cid: ContinuationId) -> bool:
+        """``cid`` stopped being a candidate with no request bound and was not received
+        (:meth:`received` keeps it): it leaves."""
+        s = self.entries.get(cid.workflow)
+        if s is None or s.cid != cid or s.reqs or cid.workflow in self.kept:
+            return False
+        self.counts.unbound += 1
+        return self._end(cid)
+
+    def _end(self, cid: ContinuationId) -> bool:
         s = self.entries.get(cid.workflow)
         if s is None or s.cid != cid:
             return False
         self._drop(cid.workflow)
         self._changed = True
         return True
-
-    def end_unbound(self, cid: ContinuationId) -> bool:
-        """``cid`` stopped being a candidate with no request bound: it leaves."""
-        s = self.entries.get(cid.workflow)
-        return s is not None and s.cid == cid and not s.reqs and self.end(cid)
 
     def allocated(self, req_id: str) -> bool:
         """``req_id`` was scheduled: its session's blocks are referenced now; it leaves."""
@@ -208,6 +258,7 @@ class Sessions:
             return False
         self._drop(w)
         self._left.append(w)
+        self.counts.allocated += 1
         return True
 
     def clear(self) -> None:
@@ -215,14 +266,16 @@ class Sessions:
             self._drop(w)
         self._changed = True
 
-    def _drop(self, workflow: str) -> None:
+    def _drop(self, workflow: str) -> bool:
         s = self.entries.pop(workflow, None)
         if s is None:
-            return
+            return False
         for req_id in s.reqs:
             if self.by_req.get(req_id) == workflow:
                 del self.by_req[req_id]
+        self.kept.pop(workflow, None)
         self.version += 1
+        return True
 
     # -- the order -------------------------------------------------------------
 
@@ -324,7 +377,11 @@ class Sessions:
     # -- integrity ---------------------------------------------------------------
 
     def sizes(self) -> dict[str, int]:
-        return {"sessions": len(self.entries), "session_reqs": len(self.by_req)}
+        return {
+            "sessions": len(self.entries),
+            "session_reqs": len(self.by_req),
+            "sessions_kept": len(self.kept),
+        }
 
     def check_integrity(self) -> None:
         """Raise :class:`LeaseIntegrityError` unless entries and bindings agree."""
@@ -336,6 +393,10 @@ class Sessions:
             for req_id in s.reqs:
                 if self.by_req.get(req_id) != w:
                     raise LeaseIntegrityError(f"session {s.cid.key()}: request {req_id} unbound")
+            if w in self.kept and s.reqs:
+                raise LeaseIntegrityError(f"session {s.cid.key()} kept for a bind it has")
+        if not self.kept.keys() <= self.entries.keys():
+            raise LeaseIntegrityError("a kept session is not waiting")
         for req_id, w in self.by_req.items():
             s = self.entries.get(w)
             if s is None or req_id not in s.reqs:

@@ -259,6 +259,12 @@ AUDIT_EXTRAS: tuple[str, ...] = (
     "session_order_spliced",
     "session_blocks_put_back",
     "sessions_let_go",
+    "sessions_allocated",
+    "sessions_unbound",
+    "sessions_ended",
+    "sessions_replaced",
+    "sessions_kept",
+    "sessions_expired",
     "notice_blocks_reused",
     "notice_blocks_hashed",
 )

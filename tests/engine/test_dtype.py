@@ -170,6 +170,7 @@ def test_replay_run_file_records_dtype_and_cpu(tmp_path: Path, model_ready) -> N
     # How that work was done: the engine's steps and states, the audit's extras.
     assert 0 < c["engine_steps"] <= c["engine_loops"] and c["states_published"] > 0
     assert c["session_order_computed"] == c["session_order_spliced"] == 0  # FIFO: no order
+    assert c["sessions_kept"] == c["sessions_allocated"] == 0  # and no waiting session
     assert c["notice_blocks_hashed"] > 0 and c["notice_blocks_reused"] > 0
 
 

@@ -253,6 +253,10 @@ def test_a_splice_leaves_the_queue_as_the_full_order_would(seed: int) -> None:
         elif resumed < 2:  # a session resumes: it leaves the order
             w = "abcd"[resumed]
             resumed += 1
+            if rng.random() < 0.5:  # its result received first: kept until the bind
+                r.receive(cids[w])
+                r.step()
+                check_queue(r)
             req = r.add(cont(hist[w]))
             r.s.lease_bind(cids[w], req.request_id)
         for _ in range(rng.randint(1, 3)):
@@ -383,4 +387,61 @@ def test_a_resumed_session_that_owned_a_shared_head_gives_it_to_the_next_by_the_
     check_queue(r)
     order = ids(sessions.order(r.clk()))
     assert set(ids(sessions.entries["wa"].blocks[:2])) <= set(order)  # the head, A's now
+    r.s.lease_release_all()
+
+
+def test_a_session_received_before_its_bind_keeps_its_place_until_its_allocation() -> None:
+    """A's result reaches the agent before its resumed request is registered (60 of 96
+    sessions on captured-scaled). A stays in the order at its rank (evicted after B),
+    is bound, and leaves by its allocation, which the splice lets go; until stop 55 the
+    receipt dropped it and its blocks fell in front of B's."""
+    r = session_rig(num_blocks=64)
+    ha, hb = toks(50, 4), toks(60, 4)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, continuation_p=0.9)  # A: the higher r, evicted last
+    r.notice(B, hb, continuation_p=0.3)
+    r.step()
+    sessions = r.book.sessions
+    a_blocks, b_blocks = list(sessions.entries["wa"].blocks), list(sessions.entries["wb"].blocks)
+    r.receive(A)  # received, not yet bound
+    assert "wa" in sessions.entries and sessions.kept
+    assert (sessions.counts.kept, sessions.counts.unbound) == (1, 0)
+    r.step()
+    check_queue(r)
+    queue = ids(r.pool.free_block_queue.get_all_free_blocks())
+    assert queue[-8:] == ids(b_blocks[::-1]) + ids(a_blocks[::-1])
+    computed = sessions.counts.computed
+    req = r.add(cont(ha), max_tokens=2)
+    r.s.lease_bind(A, req.request_id)
+    assert not sessions.kept  # bound: it waits for its allocation
+    r.step()
+    check_queue(r)
+    assert "wa" not in sessions.entries and sessions.counts.allocated == 1
+    assert sessions.counts.computed == computed and sessions.counts.let_go == 1
+    r.until(lambda: not r.s.requests)
+    r.s.lease_release_all()
+    audit = r.book.audit()
+    assert (audit["sessions_kept"], audit["sessions_allocated"]) == (1, 1)
+    assert audit["sessions_expired"] == audit["sessions_unbound"] == 0
+
+
+def test_a_kept_session_whose_bind_never_comes_leaves_l_after_its_receipt() -> None:
+    """Kept at its receipt, A waits for its bind at most ``l`` (8 s) after it; a session
+    whose candidate is dropped unreceived (never listed within ``l``) still leaves at once."""
+    r = session_rig()
+    ha, hb = toks(50, 4), toks(60, 4)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha)
+    r.notice(B, hb, listed=False)  # the sender never lists it: unlisted after l
+    t0 = r.clk()
+    r.receive(A)
+    r.tick_at(t0 + 7.9)
+    assert set(r.book.sessions.entries) == {"wa", "wb"}
+    r.tick_at(t0 + 8.1)
+    counts = r.book.sessions.counts
+    assert not r.book.sessions.entries and not r.book.sessions.kept
+    assert (counts.expired, counts.unbound) == (1, 1)
+    assert "sessions" not in r.book.sizes() and "sessions_kept" not in r.book.sizes()
     r.s.lease_release_all()
