@@ -10,8 +10,9 @@ parts (decide / commands / published states / lease work in ``schedule()``; ``-`
 where a run file predates the part), the policy's grants and cached prompt tokens,
 the engine steps per run (FIFO / the policy; ``-`` before stop 54: every step runs the
 lease work inside ``schedule()`` and a publication check) and the commit each variant's
-run files name. Measures nothing; ``--md`` writes what
-it prints.
+run files name; ``--counters`` adds columns of the policy's own run-file counters (the
+mean over its runs, ``-`` where a run file lacks one). Measures nothing; ``--md`` writes
+what it prints.
 
     .venv/bin/python bench/commit_ab.py bench/results/issue23-ctrl48
 """
@@ -80,13 +81,21 @@ def commit(rs: list[RunRecord]) -> str:
     return ",".join(sorted(shas))
 
 
-def report(folder: Path, policy: str) -> list[str]:
+def counter(rs: list[RunRecord], key: str) -> str:
+    """The mean of one run-file counter over ``rs`` (``-``: a run file lacks it)."""
+    m = mean_or_none([r.counters.get(key) for r in rs])
+    return "-" if m is None else f"{m:g}"
+
+
+def report(folder: Path, policy: str, counters: tuple[str, ...] = ()) -> list[str]:
     data = load(folder)
+    extra = "".join(f" {k} |" for k in counters)
     lines = [
         "| workload | seed | variant | commit | FIFO s | policy s | below FIFO % | pairs % "
         "| ctrl CPU s (FIFO / policy) | ratio | parts FIFO | parts policy | grants | cached "
-        "| steps |",
-        "|---|---:|---|---|---:|---:|---:|---|---|---:|---|---|---:|---:|---|",
+        "| steps |" + extra,
+        "|---|---:|---|---|---:|---:|---:|---|---|---:|---|---|---:|---:|---|"
+        + "---:|" * len(counters),
     ]
     for (wl, var, seed), runs in sorted(data.items(), key=lambda kv: (kv[0][0], kv[0][2])):
         fifo, pol = runs.get("fifo"), runs.get(policy)
@@ -103,6 +112,7 @@ def report(folder: Path, policy: str) -> list[str]:
             f"| {100 * (1 - p / f):.1f} | {spread(fifo)} / {spread(pol)} | {cf:.3f} / {cp:.3f} "
             f"| {cp / cf:.2f}x | {parts(fifo)} | {parts(pol)} | {grants:.0f} "
             f"| {cached / 1e3:.0f}K | {steps(fifo)} / {steps(pol)} |"
+            + "".join(f" {counter(pol, k)} |" for k in counters)
         )
     return lines
 
@@ -112,8 +122,14 @@ def main() -> None:
     ap.add_argument("folder", type=Path, help="holds VARIANT-WORKLOAD-sSEED/ (or a runs.tar.xz)")
     ap.add_argument("--policy", default="lads-adaptive", help="compared with fifo")
     ap.add_argument("--md", type=Path, default=None, help="also write the table here")
+    ap.add_argument(
+        "--counters",
+        default="",
+        help="comma-separated run-file counters of the policy to add as columns "
+        "(e.g. sessions_kept,session_order_computed)",
+    )
     a = ap.parse_args()
-    lines = report(a.folder, a.policy)
+    lines = report(a.folder, a.policy, tuple(k for k in a.counters.split(",") if k))
     print("\n".join(lines))
     if a.md:
         a.md.write_text("\n".join(lines) + "\n")

@@ -23,9 +23,11 @@ def rows(lines: list[str]) -> list[dict[str, str]]:
     return [dict(zip(head, r, strict=True)) for r in table[1:]]  # '|---' is not listed
 
 
-def variants(pack: str) -> dict[str, dict[str, str]]:
-    """A one-seed pack's rows by variant."""
-    got = bench_script("commit_ab").report(ROOT / "bench/results" / pack, "lads-adaptive")
+def variants(
+    pack: str, policy: str = "lads-adaptive", counters: tuple[str, ...] = ()
+) -> dict[str, dict[str, str]]:
+    """A one-seed pack's rows by variant (``counters``: the policy's, as extra columns)."""
+    got = bench_script("commit_ab").report(ROOT / "bench/results" / pack, policy, counters)
     return {r["variant"]: r for r in rows(got)}
 
 
@@ -132,3 +134,52 @@ def test_the_stop_54_pack_gives_the_readmes_figures() -> None:
     assert ratio == {"base": "2.22x", "base2": "2.09x", "new": "2.04x", "new2": "2.14x"}
     steps = column(by, "steps")
     assert steps == {"base": "- / -", "base2": "- / -", "new": "1737 / 3136", "new2": "1699 / 3063"}
+
+
+def test_the_stop_55_pack_gives_the_readmes_figures() -> None:
+    """bench/results/issue23-sessions55: stop 54 as landed against sessions kept from their
+    receipt to their allocation, ABBA, three policies; the README's figures and session
+    counters come from the run files."""
+    keys = ("sessions_kept", "sessions_allocated", "sessions_unbound", "session_order_computed")
+    la = variants("issue23-sessions55", "lads-adaptive", keys)
+    hs = variants("issue23-sessions55", "hear-session", keys)
+    assert {r["commit"] for r in la.values()} == {"2ddfc4a", "f676a9c"} and len(la) == 4
+    assert column(la, "policy s") == {
+        "base": "90.77",
+        "base2": "89.51",
+        "new": "90.53",
+        "new2": "90.20",
+    }
+    assert column(la, "parts policy", 3) == {
+        "base": "0.233",
+        "base2": "0.219",
+        "new": "0.228",
+        "new2": "0.236",
+    }
+    assert column(la, "ratio") == {
+        "base": "2.17x",
+        "base2": "2.05x",
+        "new": "2.08x",
+        "new2": "2.24x",
+    }
+    assert column(la, "session_order_computed") == {
+        "base": "152",
+        "base2": "141",
+        "new": "93",
+        "new2": "96",
+    }
+    assert column(hs, "session_order_computed") == {
+        "base": "145",
+        "base2": "144",
+        "new": "96",
+        "new2": "97",
+    }
+    for by in (la, hs):  # every session leaves by its allocation at the new commit
+        assert column(by, "sessions_allocated") == {
+            "base": "-",
+            "base2": "-",
+            "new": "96",
+            "new2": "96",
+        }
+        assert {by[v]["sessions_unbound"] for v in ("new", "new2")} == {"0"}
+    assert column(la, "sessions_kept")["new"] == "80" and column(hs, "sessions_kept")["new"] == "71"
