@@ -72,19 +72,18 @@ def parts(rs: list[RunRecord]) -> str:
 
 def steps(rs: list[RunRecord]) -> str:
     """Engine steps per run, the mean over ``rs`` (``-``: a run file lacks them)."""
-    m = mean_or_none([r.counters.get("engine_steps") for r in rs])
-    return "-" if m is None else f"{m:.0f}"
+    return counter(rs, "engine_steps", ".0f")
+
+
+def counter(rs: list[RunRecord], key: str, fmt: str = "g") -> str:
+    """The mean of one run-file counter over ``rs`` (``-``: a run file lacks it)."""
+    m = mean_or_none([r.counters.get(key) for r in rs])
+    return "-" if m is None else format(m, fmt)
 
 
 def commit(rs: list[RunRecord]) -> str:
     shas = {str(r.meta.get("git", "?"))[:7] for r in rs}
     return ",".join(sorted(shas))
-
-
-def counter(rs: list[RunRecord], key: str) -> str:
-    """The mean of one run-file counter over ``rs`` (``-``: a run file lacks it)."""
-    m = mean_or_none([r.counters.get(key) for r in rs])
-    return "-" if m is None else f"{m:g}"
 
 
 def report(folder: Path, policy: str, counters: tuple[str, ...] = ()) -> list[str]:

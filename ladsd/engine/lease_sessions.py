@@ -16,9 +16,10 @@ Contract (mini-sglang style; peers.md section 2):
   is bound is *kept* (:meth:`Sessions.received`, ours): it waits for the bind
   up to ``l_i`` after the receipt (:meth:`Sessions.expire`), since HEAR's
   session waits from its last request's end to its next one (until stop 55
-  it left at the receipt: 60 of 96 sessions on captured-scaled, whose blocks
-  then fell to the front of the session region while the agent built the
-  request). At most one entry per workflow: a newer notice replaces it.
+  it left at the receipt: 60-80 of 96 sessions on captured-scaled seed 16, a
+  race with the request's registration, whose blocks then fell to the front of
+  the session region while the agent built the request). At most one entry
+  per workflow: a newer notice replaces it.
 * Priority. ``p`` is the notice's ``continuation_p`` (the harness's estimate
   from completed sessions; :data:`P_PRIOR` when absent); ``idle`` is the time
   since the session's last request ended, engine-side: the earliest free stamp

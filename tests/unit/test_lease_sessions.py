@@ -391,8 +391,8 @@ def test_a_resumed_session_that_owned_a_shared_head_gives_it_to_the_next_by_the_
 
 
 def test_a_session_received_before_its_bind_keeps_its_place_until_its_allocation() -> None:
-    """A's result reaches the agent before its resumed request is registered (60 of 96
-    sessions on captured-scaled). A stays in the order at its rank (evicted after B),
+    """A's result reaches the agent before its resumed request is registered (60-80 of 96
+    sessions on captured-scaled seed 16). A stays in the order at its rank (evicted after B),
     is bound, and leaves by its allocation, which the splice lets go; until stop 55 the
     receipt dropped it and its blocks fell in front of B's."""
     r = session_rig(num_blocks=64)
