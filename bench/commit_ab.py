@@ -9,10 +9,13 @@ policy), ctrl CPU per run (FIFO's and the policy's means, their ratio) and its f
 parts (decide / commands / published states / lease work in ``schedule()``; ``-``
 where a run file predates the part), the policy's grants and cached prompt tokens,
 the engine steps per run (FIFO / the policy; ``-`` before stop 54: every step runs the
-lease work inside ``schedule()`` and a publication check) and the commit each variant's
-run files name; ``--counters`` adds columns of the policy's own run-file counters (the
-mean over its runs, ``-`` where a run file lacks one). Measures nothing; ``--md`` writes
-what it prints.
+lease work inside ``schedule()`` and a publication check), ctrl CPU per engine step
+(µs, FIFO / the policy) and its ratio (the policy's over FIFO's: the ctrl CPU ratio with
+the step counts taken out; not every part scales with steps, so it is a view of the
+gap, not the goal's measure) and the commit each variant's run files name;
+``--counters`` adds columns of the policy's own run-file counters (the mean over its
+runs, ``-`` where a run file lacks one). Measures nothing; ``--md`` writes what it
+prints.
 
     .venv/bin/python bench/commit_ab.py bench/results/issue23-ctrl48
 """
@@ -75,6 +78,22 @@ def steps(rs: list[RunRecord]) -> str:
     return counter(rs, "engine_steps", ".0f")
 
 
+def per_step(rs: list[RunRecord]) -> float | None:
+    """Mean ctrl CPU over mean engine steps, in µs (None: a run file lacks the steps)."""
+    n = mean_or_none([r.counters.get("engine_steps") for r in rs])
+    if not n:
+        return None
+    return statistics.mean(r.counters["controller_cpu_s"] for r in rs) / n * 1e6
+
+
+def per_steps(fifo: list[RunRecord], pol: list[RunRecord]) -> str:
+    """``F / P | ratio`` of :func:`per_step` (``- | -`` where steps are missing)."""
+    f, p = per_step(fifo), per_step(pol)
+    if f is None or p is None:
+        return "- | -"
+    return f"{f:.0f} / {p:.0f} | {p / f:.2f}x"
+
+
 def counter(rs: list[RunRecord], key: str, fmt: str = "g") -> str:
     """The mean of one run-file counter over ``rs`` (``-``: a run file lacks it)."""
     m = mean_or_none([r.counters.get(key) for r in rs])
@@ -92,8 +111,8 @@ def report(folder: Path, policy: str, counters: tuple[str, ...] = ()) -> list[st
     lines = [
         "| workload | seed | variant | commit | FIFO s | policy s | below FIFO % | pairs % "
         "| ctrl CPU s (FIFO / policy) | ratio | parts FIFO | parts policy | grants | cached "
-        "| steps |" + extra,
-        "|---|---:|---|---|---:|---:|---:|---|---|---:|---|---|---:|---:|---|"
+        "| steps | µs/step (FIFO / policy) | per step |" + extra,
+        "|---|---:|---|---|---:|---:|---:|---|---|---:|---|---|---:|---:|---|---|---:|"
         + "---:|" * len(counters),
     ]
     for (wl, var, seed), runs in sorted(data.items(), key=lambda kv: (kv[0][0], kv[0][2])):
@@ -110,7 +129,7 @@ def report(folder: Path, policy: str, counters: tuple[str, ...] = ()) -> list[st
             f"| {wl} | {seed} | {var} | {commit(fifo + pol)} | {f:.2f} | {p:.2f} "
             f"| {100 * (1 - p / f):.1f} | {spread(fifo)} / {spread(pol)} | {cf:.3f} / {cp:.3f} "
             f"| {cp / cf:.2f}x | {parts(fifo)} | {parts(pol)} | {grants:.0f} "
-            f"| {cached / 1e3:.0f}K | {steps(fifo)} / {steps(pol)} |"
+            f"| {cached / 1e3:.0f}K | {steps(fifo)} / {steps(pol)} | {per_steps(fifo, pol)} |"
             + "".join(f" {counter(pol, k)} |" for k in counters)
         )
     return lines

@@ -183,3 +183,33 @@ def test_the_stop_55_pack_gives_the_readmes_figures() -> None:
         }
         assert {by[v]["sessions_unbound"] for v in ("new", "new2")} == {"0"}
     assert column(la, "sessions_kept")["new"] == "80" and column(hs, "sessions_kept")["new"] == "71"
+
+
+def test_ctrl_cpu_per_step_takes_the_step_counts_out_of_the_ratio() -> None:
+    """The per-step view of the stop-55 pack: LADS adaptive's ctrl CPU is 2.05-2.24x FIFO's
+    a run but 1.16-1.26x a step, HEAR session's 1.62-1.68x a run and below FIFO's a step
+    (both run ~3,300 steps to FIFO's ~1,850); a pack without steps shows '-'."""
+    la = variants("issue23-sessions55", "lads-adaptive")
+    hs = variants("issue23-sessions55", "hear-session")
+    assert column(la, "µs/step (FIFO / policy)") == {
+        "base": "226 / 282",
+        "base2": "226 / 262",
+        "new": "222 / 265",
+        "new2": "215 / 270",
+    }
+    assert column(la, "per step") == {
+        "base": "1.25x",
+        "base2": "1.16x",
+        "new": "1.19x",
+        "new2": "1.26x",
+    }
+    assert column(hs, "per step") == {
+        "base": "0.94x",
+        "base2": "0.91x",
+        "new": "0.97x",
+        "new2": "0.91x",
+    }
+    ratio = {"base": "1.66x", "base2": "1.63x", "new": "1.68x", "new2": "1.62x"}
+    assert column(hs, "ratio") == ratio
+    old = variants("issue23-ctrl54")  # its base runs predate the steps
+    assert old["base"]["per step"] == "-" and old["new"]["per step"] == "1.13x"
