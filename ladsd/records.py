@@ -59,6 +59,22 @@ RETENTION_COUNTERS: tuple[str, ...] = (
     "session_reorders",
 )
 
+# How the session order was kept and how sessions left (``SessionCounts``' fields ->
+# their names in the lease audit and the run files): the one list of them.
+SESSION_AUDIT: dict[str, str] = {
+    "computed": "session_order_computed",
+    "splices": "session_order_spliced",
+    "put_back": "session_blocks_put_back",
+    "let_go": "sessions_let_go",
+    "allocated": "sessions_allocated",
+    "unbound": "sessions_unbound",
+    "ended": "sessions_ended",
+    "replaced": "sessions_replaced",
+    "kept": "sessions_kept",
+    "expired": "sessions_expired",
+    "aborted": "sessions_aborted",
+}
+
 
 @dataclass(frozen=True, order=True)
 class ContinuationId:

@@ -274,6 +274,12 @@ class LeaseBook:
         self.pins.bind(cid, req_id)
         self.grants.refill(self.clock())
 
+    def freed(self, req_id: str) -> None:
+        """vLLM frees ``req_id`` (finished or aborted); one still bound to a session was
+        never allocated (an allocation unbinds it): :meth:`Sessions.aborted`."""
+        if req_id in self.sessions.by_req:
+            self.sessions.aborted(req_id)
+
     def cancel(self, cid: ContinuationId) -> None:
         """Workflow cancelled: drop the lease and the candidate (idempotent)."""
         now = self.clock()
@@ -424,13 +430,7 @@ class LeaseBook:
         out["refs_held"] = float(held)
         out["pin_refs_added"] = float(self.pins.table.ledger.added)
         out["pin_refs_released"] = float(self.pins.table.ledger.released)
-        ses = self.sessions.counts  # how the session order was kept (HEAR's, lads-adaptive's)
-        out["session_order_computed"] = float(ses.computed)
-        out["session_order_spliced"] = float(ses.splices)
-        out["session_blocks_put_back"] = float(ses.put_back)
-        out["sessions_let_go"] = float(ses.let_go)
-        for k in ("allocated", "unbound", "ended", "replaced", "kept", "expired"):
-            out[f"sessions_{k}"] = float(getattr(ses, k))  # how sessions left
+        out.update(self.sessions.counts.audit())  # the session order (HEAR's, lads-adaptive's)
         reused, hashed = self.cands.hash_counts()  # notices' block hashes (NoticeHashes)
         out["notice_blocks_reused"], out["notice_blocks_hashed"] = float(reused), float(hashed)
         self.ends.check_released(held)

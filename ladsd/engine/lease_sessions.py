@@ -12,8 +12,9 @@ Contract (mini-sglang style; peers.md section 2):
   blocks of its resident prefix ``P_i`` and leaves when its bound request is
   scheduled (allocated), when it is cancelled or superseded, when its
   candidate is dropped unreceived before any request was bound to it, or at
-  the end of the run. A session whose result is received before its request
-  is bound is *kept* (:meth:`Sessions.received`, ours): it waits for the bind
+  the end of the run, or when every request bound to it is freed unallocated
+  (aborted; :meth:`Sessions.aborted`, ours). A session whose result is received
+  before its request is bound is *kept* (:meth:`Sessions.received`, ours): it waits for the bind
   up to ``l_i`` after the receipt (:meth:`Sessions.expire`), since HEAR's
   session waits from its last request's end to its next one (until stop 55
   it left at the receipt: 60-80 of 96 sessions on captured-scaled seed 16, a
@@ -76,7 +77,7 @@ from vllm.v1.core.kv_cache_utils import (
 
 from ladsd.engine.lease_pool import LeaseBlockPool, LeaseIntegrityError
 from ladsd.engine.lease_resident import Prefix
-from ladsd.records import ContinuationId
+from ladsd.records import SESSION_AUDIT, ContinuationId
 
 SESSION_TAU_S = 400.0  # HEAR's idle decay constant
 P_PRIOR = 0.5  # (ours) p of a notice that carries none: no information either way
@@ -153,6 +154,11 @@ class SessionCounts:
     replaced: int = 0  # left: a newer notice of the workflow entered
     kept: int = 0  # received before their bind: kept waiting for it (ours)
     expired: int = 0  # left: kept, and no bind came within l of the receipt
+    aborted: int = 0  # left: every request bound to it was freed unallocated
+
+    def audit(self) -> dict[str, float]:
+        """The counts under their audit names (:data:`~ladsd.records.SESSION_AUDIT`)."""
+        return {name: float(getattr(self, k)) for k, name in SESSION_AUDIT.items()}
 
 
 class Sessions:
@@ -260,6 +266,22 @@ class Sessions:
         self._drop(w)
         self._left.append(w)
         self.counts.allocated += 1
+        return True
+
+    def aborted(self, req_id: str) -> bool:
+        """``req_id`` was freed before its allocation (aborted). If no other request binds
+        its session, the session leaves: the bind took its candidate over, so nothing
+        will resume it (ours; until stop 56 it waited for the workflow's next notice or
+        the end of the run). True if it left."""
+        w = self.by_req.pop(req_id, None)
+        if w is None:  # allocated already (it left then), or never bound
+            return False
+        s = self.entries[w]
+        s.reqs.remove(req_id)
+        if s.reqs:
+            return False
+        self._end(s.cid)
+        self.counts.aborted += 1
         return True
 
     def clear(self) -> None:

@@ -231,6 +231,8 @@ class LeaseMixin:
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         self._lease_hooks.freed(request)  # before vLLM: the request is still whole
+        if self._lease_book is not None:
+            self._lease_book.freed(request.request_id)
         return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def reset_prefix_cache(

@@ -31,7 +31,7 @@ from ladsd.metrics.events import (
     new_counters,
 )
 from ladsd.provenance import git_commit
-from ladsd.records import ContinuationId
+from ladsd.records import SESSION_AUDIT, ContinuationId
 from ladsd.runtime import CallOutcome, Runtime
 from ladsd.wiring import open_runtime
 from ladsd.workloads import dilation as dil
@@ -255,16 +255,7 @@ def _shift(c: CallRecord, t0: float) -> CallRecord:
 
 # The lease audit's figures a run file keeps beside its counters (LeaseBook.audit).
 AUDIT_EXTRAS: tuple[str, ...] = (
-    "session_order_computed",
-    "session_order_spliced",
-    "session_blocks_put_back",
-    "sessions_let_go",
-    "sessions_allocated",
-    "sessions_unbound",
-    "sessions_ended",
-    "sessions_replaced",
-    "sessions_kept",
-    "sessions_expired",
+    *SESSION_AUDIT.values(),
     "notice_blocks_reused",
     "notice_blocks_hashed",
 )

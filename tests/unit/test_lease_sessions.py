@@ -6,6 +6,7 @@ queue with no references; ``p`` comes from completed workflows only.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from types import SimpleNamespace
@@ -16,20 +17,28 @@ from vllm.v1.core.kv_cache_utils import (
     KVCacheBlock,
     make_block_hash_with_group_id,
 )
+from vllm.v1.request import RequestStatus
 
 from ladsd import testing
 from ladsd.clock import ManualClock
 from ladsd.config import LeaseConfig
 from ladsd.continuation import ContinuationEstimate
 from ladsd.engine import sched_leases
-from ladsd.engine.lease_sessions import Sessions, WaitingSession, retention_priority
+from ladsd.engine.lease_sessions import (
+    SessionCounts,
+    Sessions,
+    WaitingSession,
+    retention_priority,
+)
 from ladsd.engine.sched_leases import LeaseScheduler
 from ladsd.modes import Retention
-from ladsd.records import ContinuationId
+from ladsd.records import SESSION_AUDIT, ContinuationId
+from ladsd.workloads import runner
 from tests.rigs.leases import BS, Rig, cont, toks
 
 A = ContinuationId("wa", 1)
 B = ContinuationId("wb", 1)
+A2 = ContinuationId("wa", 2)  # A's next turn
 
 
 def session_rig(num_blocks: int = 64) -> Rig:
@@ -299,6 +308,10 @@ def test_a_shared_head_freed_again_goes_back_to_its_place_without_the_full_order
     audit = r.book.audit()  # the run file's counters carry how the order was kept
     assert audit["session_order_spliced"] == sessions.counts.splices > 0
     assert audit["session_blocks_put_back"] == sessions.counts.put_back
+    # Every count reaches the audit and the run files under its one name.
+    assert set(SESSION_AUDIT) == {f.name for f in dataclasses.fields(SessionCounts)}
+    assert {audit[k] for k in SESSION_AUDIT.values()} >= {float(sessions.counts.computed)}
+    assert set(SESSION_AUDIT.values()) <= set(runner.AUDIT_EXTRAS)
 
 
 def test_a_kept_session_order_is_read_again_once_its_blocks_are_evicted() -> None:
@@ -445,3 +458,44 @@ def test_a_kept_session_whose_bind_never_comes_leaves_l_after_its_receipt() -> N
     assert (counts.expired, counts.unbound) == (1, 1)
     assert "sessions" not in r.book.sizes() and "sessions_kept" not in r.book.sizes()
     r.s.lease_release_all()
+
+
+def test_a_session_whose_bound_requests_are_all_aborted_leaves() -> None:
+    """A client that gives up (a disconnect aborts its request) before the resumed request
+    is allocated: its session leaves when the last request bound to it is freed, and its
+    blocks fall in front of the sessions still waiting; while another request binds it, it
+    waits on and leaves by that one's allocation. Until stop 56 it waited for the
+    workflow's next notice or the end of the run."""
+    r = session_rig(num_blocks=64)
+    ha, hb = toks(50, 4), toks(60, 4)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, continuation_p=0.9)  # A: the higher r, evicted last
+    r.notice(B, hb, continuation_p=0.3)
+    r.step()
+    sessions = r.book.sessions
+    a_blocks, b_blocks = list(sessions.entries["wa"].blocks), list(sessions.entries["wb"].blocks)
+    r.receive(A)
+    first, second = r.add(cont(ha), max_tokens=2), r.add(cont(ha, seed=98), max_tokens=2)
+    r.s.lease_bind(A, first.request_id)
+    r.s.lease_bind(A, second.request_id)
+    r.s.finish_requests(first.request_id, RequestStatus.FINISHED_ABORTED)
+    assert "wa" in sessions.entries and sessions.counts.aborted == 0  # the second binds it
+    r.s.finish_requests(second.request_id, RequestStatus.FINISHED_ABORTED)
+    assert "wa" not in sessions.entries and not sessions.by_req
+    assert sessions.counts.aborted == 1 and sessions.counts.allocated == 0
+    check_queue(r)
+    queue = ids(r.pool.free_block_queue.get_all_free_blocks())
+    assert queue[-4:] == ids(b_blocks[::-1])  # B alone at the back now
+    assert set(ids(a_blocks)).isdisjoint(queue[-4:])
+    # A bound request that is allocated still takes its session out by the allocation.
+    r.notice(A2, ha, continuation_p=0.9)
+    third = r.add(cont(ha, seed=97), max_tokens=2)
+    r.s.lease_bind(A2, third.request_id)
+    r.step()
+    assert "wa" not in sessions.entries and sessions.counts.allocated == 1
+    r.until(lambda: not r.s.requests)  # its free after it finished leaves nothing to do
+    assert sessions.counts.aborted == 1
+    r.s.lease_release_all()
+    audit = r.book.audit()
+    assert (audit["sessions_aborted"], audit["sessions_allocated"]) == (1, 1)
