@@ -277,8 +277,7 @@ class LeaseBook:
     def freed(self, req_id: str) -> None:
         """vLLM frees ``req_id`` (finished or aborted); one still bound to a session was
         never allocated (an allocation unbinds it): :meth:`Sessions.aborted`."""
-        if req_id in self.sessions.by_req:
-            self.sessions.aborted(req_id)
+        self.sessions.aborted(req_id)
 
     def cancel(self, cid: ContinuationId) -> None:
         """Workflow cancelled: drop the lease and the candidate (idempotent)."""

@@ -403,20 +403,27 @@ def test_a_resumed_session_that_owned_a_shared_head_gives_it_to_the_next_by_the_
     r.s.lease_release_all()
 
 
+def two_waiting() -> tuple[Rig, list[int], list[KVCacheBlock], list[KVCacheBlock]]:
+    """A (the higher r, evicted last) and B waiting, ordered once: the rig, A's history,
+    A's and B's session blocks."""
+    r = session_rig(num_blocks=64)
+    ha, hb = toks(50, 4), toks(60, 4)
+    r.run(ha)
+    r.run(hb)
+    r.notice(A, ha, continuation_p=0.9)
+    r.notice(B, hb, continuation_p=0.3)
+    r.step()
+    entries = r.book.sessions.entries
+    return r, ha, list(entries["wa"].blocks), list(entries["wb"].blocks)
+
+
 def test_a_session_received_before_its_bind_keeps_its_place_until_its_allocation() -> None:
     """A's result reaches the agent before its resumed request is registered (60-80 of 96
     sessions on captured-scaled seed 16). A stays in the order at its rank (evicted after B),
     is bound, and leaves by its allocation, which the splice lets go; until stop 55 the
     receipt dropped it and its blocks fell in front of B's."""
-    r = session_rig(num_blocks=64)
-    ha, hb = toks(50, 4), toks(60, 4)
-    r.run(ha)
-    r.run(hb)
-    r.notice(A, ha, continuation_p=0.9)  # A: the higher r, evicted last
-    r.notice(B, hb, continuation_p=0.3)
-    r.step()
+    r, ha, a_blocks, b_blocks = two_waiting()
     sessions = r.book.sessions
-    a_blocks, b_blocks = list(sessions.entries["wa"].blocks), list(sessions.entries["wb"].blocks)
     r.receive(A)  # received, not yet bound
     assert "wa" in sessions.entries and sessions.kept
     assert (sessions.counts.kept, sessions.counts.unbound) == (1, 0)
@@ -466,15 +473,8 @@ def test_a_session_whose_bound_requests_are_all_aborted_leaves() -> None:
     blocks fall in front of the sessions still waiting; while another request binds it, it
     waits on and leaves by that one's allocation. Until stop 56 it waited for the
     workflow's next notice or the end of the run."""
-    r = session_rig(num_blocks=64)
-    ha, hb = toks(50, 4), toks(60, 4)
-    r.run(ha)
-    r.run(hb)
-    r.notice(A, ha, continuation_p=0.9)  # A: the higher r, evicted last
-    r.notice(B, hb, continuation_p=0.3)
-    r.step()
+    r, ha, a_blocks, b_blocks = two_waiting()
     sessions = r.book.sessions
-    a_blocks, b_blocks = list(sessions.entries["wa"].blocks), list(sessions.entries["wb"].blocks)
     r.receive(A)
     first, second = r.add(cont(ha), max_tokens=2), r.add(cont(ha, seed=98), max_tokens=2)
     r.s.lease_bind(A, first.request_id)
