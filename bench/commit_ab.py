@@ -86,12 +86,12 @@ def per_step(rs: list[RunRecord]) -> float | None:
     return statistics.mean(r.counters["controller_cpu_s"] for r in rs) / n * 1e6
 
 
-def per_steps(fifo: list[RunRecord], pol: list[RunRecord]) -> str:
-    """``F / P | ratio`` of :func:`per_step` (``- | -`` where steps are missing)."""
+def per_steps(fifo: list[RunRecord], pol: list[RunRecord]) -> tuple[str, str]:
+    """The two cells ``F / P`` and ``ratio`` of :func:`per_step` (``-`` where steps are missing)."""
     f, p = per_step(fifo), per_step(pol)
     if f is None or p is None:
-        return "- | -"
-    return f"{f:.0f} / {p:.0f} | {p / f:.2f}x"
+        return "-", "-"
+    return f"{f:.0f} / {p:.0f}", f"{p / f:.2f}x"
 
 
 def counter(rs: list[RunRecord], key: str, fmt: str = "g") -> str:
@@ -125,11 +125,12 @@ def report(folder: Path, policy: str, counters: tuple[str, ...] = ()) -> list[st
         cp = statistics.mean(r.counters["controller_cpu_s"] for r in pol)
         grants = statistics.mean(r.counters.get("grants", 0.0) for r in pol)
         cached = statistics.mean(r.counters.get("cached_prompt_tokens", 0.0) for r in pol)
+        us, per = per_steps(fifo, pol)
         lines.append(
             f"| {wl} | {seed} | {var} | {commit(fifo + pol)} | {f:.2f} | {p:.2f} "
             f"| {100 * (1 - p / f):.1f} | {spread(fifo)} / {spread(pol)} | {cf:.3f} / {cp:.3f} "
             f"| {cp / cf:.2f}x | {parts(fifo)} | {parts(pol)} | {grants:.0f} "
-            f"| {cached / 1e3:.0f}K | {steps(fifo)} / {steps(pol)} | {per_steps(fifo, pol)} |"
+            f"| {cached / 1e3:.0f}K | {steps(fifo)} / {steps(pol)} | {us} | {per} |"
             + "".join(f" {counter(pol, k)} |" for k in counters)
         )
     return lines
